@@ -1,0 +1,33 @@
+# Two entry points: `make demo` and `make test`. Both create .venv and install from nothing.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PIP := $(BIN)/python -m pip
+
+.PHONY: demo test test-slow bench install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(PIP) install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/tracefix demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+bench: $(STAMP)
+	$(BIN)/python bench/ingest.py
+
+clean:
+	rm -rf $(VENV) .tracefix .pytest_cache

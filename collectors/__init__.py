@@ -1,0 +1,1 @@
+"""OTLP receivers, attribute dialects, trajectory assembly and file import."""

@@ -1,0 +1,391 @@
+"""Trajectory assembly: turns stored spans and logs into conversations, tool calls and outcomes.
+
+A trajectory is one trace; traces that share a conversation id join one trajectory. Assembly is
+incremental and idempotent: each pass takes the traces touched by newly committed batches and
+rebuilds their trajectories from all of their spans, so out-of-order and late spans are handled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import orjson
+
+from collectors.dialects import Message, SpanView, ToolExecution, interpret
+from daemon import metrics
+from daemon.settings import AssemblerSettings, OutcomeSettings
+from daemon.store import DerivedRows, Store
+
+log = logging.getLogger(__name__)
+
+EVALUATION_EVENT = "gen_ai.evaluation.result"
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return value
+    return value
+
+
+def _arguments_key(arguments: str | None) -> str:
+    """Arguments compared by meaning, not by formatting."""
+    parsed = _json(arguments)
+    if isinstance(parsed, (dict, list)):
+        return orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode()
+    return str(parsed)
+
+
+def _message_key(message: Message) -> tuple:
+    calls = tuple((call.name, _arguments_key(call.arguments)) for call in message.tool_calls)
+    return (message.role, message.content.strip(), calls, message.tool_call_id)
+
+
+@dataclass(slots=True)
+class _Entry:
+    message: Message
+    trace_id: str
+    span_id: str
+
+
+def merge_transcript(transcript: list[_Entry], incoming: Iterable[Message], trace_id: str, span_id: str) -> None:
+    """Append the messages of `incoming` not already at the end of `transcript`.
+
+    Each model call usually resends the whole history; the longest suffix of the transcript that
+    is a prefix of the new input is the part already known.
+    """
+    incoming = list(incoming)
+    if not incoming:
+        return
+    known = [_message_key(entry.message) for entry in transcript]
+    keys = [_message_key(message) for message in incoming]
+    overlap = 0
+    if keys[: len(known)] == known:
+        overlap = len(known)
+    else:
+        for size in range(min(len(known), len(keys)), 0, -1):
+            if known[-size:] == keys[:size]:
+                overlap = size
+                break
+    transcript.extend(_Entry(message, trace_id, span_id) for message in incoming[overlap:])
+
+
+class OutcomeRules:
+    """Reads success or failure out of evaluation events and root-span attributes."""
+
+    def __init__(self, settings: OutcomeSettings) -> None:
+        self.success = {label.lower() for label in settings.success_labels}
+        self.failure = {label.lower() for label in settings.failure_labels}
+        self.threshold = settings.success_threshold
+        self.names = set(settings.evaluation_names)
+
+    def evaluation(self, attributes: dict[str, Any]) -> tuple[str, float | None, str] | None:
+        name = attributes.get("gen_ai.evaluation.name")
+        if self.names and name not in self.names:
+            return None
+        label = attributes.get("gen_ai.evaluation.score.label")
+        score = attributes.get("gen_ai.evaluation.score.value")
+        score = float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else None
+        detail = " ".join(
+            str(part) for part in (name, label, attributes.get("gen_ai.evaluation.explanation")) if part
+        )
+        if isinstance(label, str) and label.strip().lower() in self.success:
+            return "success", score, detail
+        if isinstance(label, str) and label.strip().lower() in self.failure:
+            return "failure", score, detail
+        if score is not None:
+            return ("success" if score >= self.threshold else "failure"), score, detail
+        return None
+
+    def root_attributes(self, attributes: dict[str, Any]) -> tuple[str, float | None, str] | None:
+        outcome = attributes.get("tracefix.outcome")
+        if isinstance(outcome, str) and outcome.strip().lower() in ("success", "failure"):
+            reward = attributes.get("tracefix.reward")
+            reward = float(reward) if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None
+            return outcome.strip().lower(), reward, "tracefix.outcome"
+        reward = attributes.get("tracefix.reward")
+        if isinstance(reward, str):
+            try:
+                reward = float(reward)
+            except ValueError:
+                return None
+        if isinstance(reward, (int, float)) and not isinstance(reward, bool):
+            return ("success" if reward >= self.threshold else "failure"), float(reward), "tracefix.reward"
+        return None
+
+
+class Assembler:
+    """Runs assembly passes over the store; one pass at a time (the scheduler guarantees it)."""
+
+    def __init__(self, store: Store, settings: AssemblerSettings, outcome: OutcomeSettings) -> None:
+        self.store = store
+        self.settings = settings
+        self.rules = OutcomeRules(outcome)
+        self.position = store.assembler_position()
+
+    def run_pass(self) -> int:
+        """Assemble what was committed since the last pass; returns how many trajectories were rebuilt."""
+        started = time.perf_counter()
+        span_batch, log_batch = self.position
+        trace_ids, reach_span, reach_log = self.store.pending_traces(
+            span_batch, log_batch, self.settings.max_traces_per_pass
+        )
+        if not trace_ids:
+            if (reach_span, reach_log) != self.position:
+                self.store.replace_derived(DerivedRows([], [], [], [], [], [], [], []), reach_span, reach_log)
+                self.position = (reach_span, reach_log)
+            return 0
+        groups = self.store.trajectory_groups(trace_ids)
+        all_traces = [trace for traces in groups.values() for trace in traces]
+        spans = self.store.spans_of_traces(all_traces)
+        conversations = [trajectory_id for trajectory_id, traces in groups.items() if trajectory_id not in traces]
+        logs = self.store.logs_of_traces(all_traces, conversations)
+        rows = self.build(groups, spans, logs, reach_span)
+        self.store.replace_derived(rows, reach_span, reach_log)
+        self.position = (reach_span, reach_log)
+        metrics.ASSEMBLER_SECONDS.observe(time.perf_counter() - started)
+        return len(groups)
+
+    def run_until_idle(self, max_passes: int = 1000) -> int:
+        total = 0
+        for _ in range(max_passes):
+            done = self.run_pass()
+            total += done
+            if not done:
+                break
+        return total
+
+    def build(
+        self, groups: dict[str, list[str]], spans: list[dict[str, Any]], logs: list[dict[str, Any]], batch: int
+    ) -> DerivedRows:
+        trajectory_of_trace = {trace: trajectory for trajectory, traces in groups.items() for trace in traces}
+        spans_by_trajectory: dict[str, list[dict[str, Any]]] = {}
+        for span in spans:
+            spans_by_trajectory.setdefault(trajectory_of_trace[span["trace_id"]], []).append(span)
+        logs_by_trajectory: dict[str, list[dict[str, Any]]] = {}
+        for record in logs:
+            trajectory = trajectory_of_trace.get(record["trace_id"]) or (
+                record["conversation_id"] if record["conversation_id"] in groups else None
+            )
+            if trajectory:
+                logs_by_trajectory.setdefault(trajectory, []).append(record)
+        rows = DerivedRows(list(groups), sorted(trajectory_of_trace.items()), [], [], [], [], [], [])
+        now = datetime.now(timezone.utc)
+        definitions: dict[tuple[str, str], tuple] = {}
+        for trajectory_id, trajectory_spans in spans_by_trajectory.items():
+            self._assemble(
+                trajectory_id,
+                groups[trajectory_id],
+                trajectory_spans,
+                logs_by_trajectory.get(trajectory_id, []),
+                batch,
+                now,
+                rows,
+                definitions,
+            )
+        rows.tool_definitions = list(definitions.values())
+        return rows
+
+    def _assemble(
+        self,
+        trajectory_id: str,
+        trace_ids: list[str],
+        spans: list[dict[str, Any]],
+        logs: list[dict[str, Any]],
+        batch: int,
+        now: datetime,
+        rows: DerivedRows,
+        definitions: dict[tuple[str, str], tuple],
+    ) -> None:
+        views: list[tuple[dict[str, Any], SpanView, dict[str, Any], list[dict[str, Any]]]] = []
+        for span in spans:
+            attributes = _json(span["attributes"]) or {}
+            events = _json(span["events"]) or []
+            view = interpret(span["name"], attributes, events, span["status_code"], span["status_message"] or "")
+            views.append((span, view, attributes, events))
+
+        roots = [span for span in spans if not span["parent_span_id"]]
+        first_root = roots[0] if roots else spans[0]
+        service_name = first_root["service_name"]
+        agent_name = next((view.agent_name for _, view, _, _ in views if view.agent_name), None)
+
+        transcript: list[_Entry] = []
+        executions: list[tuple[dict[str, Any], ToolExecution]] = []
+        tools: dict[str, tuple[str, str | None]] = {}
+        system_text: tuple[str, dict[str, Any]] | None = None
+        for span, view, _, _ in views:
+            if view.operation == "chat":
+                if view.system_instructions and system_text is None:
+                    system_text = (view.system_instructions, span)
+                merge_transcript(transcript, view.input_messages, span["trace_id"], span["span_id"])
+                merge_transcript(transcript, view.output_messages, span["trace_id"], span["span_id"])
+            if view.tool_execution is not None:
+                executions.append((span, view.tool_execution))
+            for definition in view.tool_definitions:
+                parameters = orjson.dumps(definition.parameters).decode() if definition.parameters is not None else None
+                tools[definition.name] = (definition.description or "", parameters)
+        if system_text and not (transcript and transcript[0].message.role == "system"):
+            text, span = system_text
+            transcript.insert(0, _Entry(Message("system", text, [], None, None), span["trace_id"], span["span_id"]))
+
+        for position, entry in enumerate(transcript):
+            message = entry.message
+            calls = [{"id": call.id, "name": call.name, "arguments": call.arguments} for call in message.tool_calls]
+            rows.messages.append(
+                (
+                    trajectory_id,
+                    position,
+                    message.role,
+                    message.content,
+                    orjson.dumps(calls).decode(),
+                    message.tool_call_id,
+                    message.name,
+                    entry.trace_id,
+                    entry.span_id,
+                )
+            )
+
+        tool_calls = self._tool_calls(trajectory_id, transcript, executions)
+        rows.tool_calls.extend(tool_calls)
+        for name, (description, parameters) in sorted(tools.items()):
+            rows.trajectory_tools.append((trajectory_id, name, description, parameters))
+            definitions[(service_name, name)] = (service_name, name, description, parameters)
+
+        rows.outcomes.extend(self._outcomes(trajectory_id, views, logs, now))
+        n_llm = sum(1 for _, view, _, _ in views if view.operation == "chat")
+        dialects = sorted({view.dialect for _, view, _, _ in views if view.dialect != "none"})
+        conversation = next((span["conversation_id"] for span in spans if span["conversation_id"]), None)
+        rows.trajectories.append(
+            (
+                trajectory_id,
+                conversation,
+                service_name,
+                agent_name,
+                sorted(trace_ids),
+                first_root["name"] if roots else None,
+                min(span["start_time_unix_nano"] for span in spans),
+                max(span["end_time_unix_nano"] for span in spans),
+                len(spans),
+                n_llm,
+                len(tool_calls),
+                sum(1 for call in tool_calls if call[6]),
+                dialects,
+                sorted(tools),
+                batch,
+                now,
+            )
+        )
+
+    def _tool_calls(
+        self, trajectory_id: str, transcript: list[_Entry], executions: list[tuple[dict[str, Any], ToolExecution]]
+    ) -> list[tuple]:
+        """Executed tools (tool spans) first-class; requested calls without a span fill the gaps."""
+        results = {
+            entry.message.tool_call_id: entry.message.content
+            for entry in transcript
+            if entry.message.role == "tool" and entry.message.tool_call_id
+        }
+        requested: list[tuple[int, Any, _Entry]] = [
+            (position, call, entry)
+            for position, entry in enumerate(transcript)
+            for call in entry.message.tool_calls
+        ]
+        rows: list[tuple] = []
+        matched: set[int] = set()
+        for span, execution in executions:
+            message_position = None
+            for index, (position, call, _) in enumerate(requested):
+                if index in matched:
+                    continue
+                same_id = execution.call_id and call.id == execution.call_id
+                same_call = call.name == execution.name and (
+                    execution.arguments is None or _arguments_key(call.arguments) == _arguments_key(execution.arguments)
+                )
+                if same_id or (not execution.call_id and same_call) or (execution.call_id and not call.id and same_call):
+                    matched.add(index)
+                    message_position = position
+                    break
+            result = execution.result
+            if result is None and execution.call_id:
+                result = results.get(execution.call_id)
+            rows.append(
+                (
+                    execution.name,
+                    execution.call_id,
+                    execution.arguments,
+                    result,
+                    execution.error,
+                    "tool_span",
+                    message_position,
+                    span["trace_id"],
+                    span["span_id"],
+                    span["start_time_unix_nano"],
+                )
+            )
+        for index, (position, call, entry) in enumerate(requested):
+            if index in matched:
+                continue
+            rows.append(
+                (
+                    call.name,
+                    call.id,
+                    call.arguments,
+                    results.get(call.id) if call.id else None,
+                    None,
+                    "message",
+                    position,
+                    entry.trace_id,
+                    entry.span_id,
+                    0,
+                )
+            )
+        # Order by when the call happened: the message that asked for it, else the span's start.
+        rows.sort(key=lambda row: (row[6] if row[6] is not None else 1 << 30, row[9]))
+        return [(trajectory_id, position, *row) for position, row in enumerate(rows)]
+
+    def _outcomes(
+        self,
+        trajectory_id: str,
+        views: list[tuple[dict[str, Any], SpanView, dict[str, Any], list[dict[str, Any]]]],
+        logs: list[dict[str, Any]],
+        now: datetime,
+    ) -> list[tuple]:
+        outcomes: list[tuple] = []
+        for record in logs:
+            if record["event_name"] != EVALUATION_EVENT:
+                continue
+            attributes = _json(record["attributes"]) or {}
+            body = _json(record["body"])
+            if isinstance(body, dict):  # older event APIs put the payload in the body
+                attributes = {**body, **attributes}
+            decided = self.rules.evaluation(attributes)
+            if decided:
+                outcome, reward, detail = decided
+                outcomes.append(
+                    (trajectory_id, "evaluation", outcome, reward, detail, record["log_id"], record["time_unix_nano"], now)
+                )
+        for span, _, attributes, events in views:
+            for index, event in enumerate(events):
+                if not isinstance(event, dict) or event.get("name") != EVALUATION_EVENT:
+                    continue
+                decided = self.rules.evaluation(event.get("attributes") or {})
+                if decided:
+                    outcome, reward, detail = decided
+                    evidence = f"{span['span_id']}#{index}"
+                    observed = event.get("time_unix_nano") or span["end_time_unix_nano"]
+                    outcomes.append((trajectory_id, "evaluation", outcome, reward, detail, evidence, observed, now))
+            if not span["parent_span_id"]:
+                decided = self.rules.root_attributes(attributes)
+                if decided:
+                    outcome, reward, detail = decided
+                    outcomes.append(
+                        (trajectory_id, "attribute", outcome, reward, detail, span["span_id"], span["end_time_unix_nano"], now)
+                    )
+        return outcomes

@@ -1,0 +1,1 @@
+"""The tracefix daemon: store, writer, jobs, API and CLI."""

@@ -1,0 +1,192 @@
+"""Versioned schema migrations, applied in order at start; each runs in its own transaction.
+
+Append new migrations at the end; never edit one that has shipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+# JSON-bearing columns are VARCHAR: DuckDB's json_* functions read them directly, and skipping the
+# VARCHAR->JSON cast keeps the ingest path at bulk-append speed.
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "spans and logs",
+        """
+        CREATE TABLE spans (
+            trace_id VARCHAR NOT NULL,
+            span_id VARCHAR NOT NULL,
+            parent_span_id VARCHAR,
+            trace_state VARCHAR,
+            name VARCHAR NOT NULL,
+            kind UTINYINT NOT NULL,
+            start_time_unix_nano UBIGINT NOT NULL,
+            end_time_unix_nano UBIGINT NOT NULL,
+            status_code UTINYINT NOT NULL,
+            status_message VARCHAR,
+            service_name VARCHAR NOT NULL,
+            scope_name VARCHAR,
+            scope_version VARCHAR,
+            conversation_id VARCHAR,
+            resource_attributes VARCHAR NOT NULL,
+            attributes VARCHAR NOT NULL,
+            events VARCHAR NOT NULL,
+            links VARCHAR NOT NULL,
+            truncated BOOLEAN NOT NULL,
+            ingest_batch BIGINT NOT NULL,
+            received_at TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (trace_id, span_id)
+        );
+        CREATE TABLE logs (
+            log_id VARCHAR PRIMARY KEY,
+            trace_id VARCHAR,
+            span_id VARCHAR,
+            time_unix_nano UBIGINT NOT NULL,
+            observed_time_unix_nano UBIGINT NOT NULL,
+            severity_number INTEGER NOT NULL,
+            severity_text VARCHAR,
+            event_name VARCHAR,
+            body VARCHAR,
+            service_name VARCHAR NOT NULL,
+            scope_name VARCHAR,
+            conversation_id VARCHAR,
+            resource_attributes VARCHAR NOT NULL,
+            attributes VARCHAR NOT NULL,
+            truncated BOOLEAN NOT NULL,
+            ingest_batch BIGINT NOT NULL,
+            received_at TIMESTAMPTZ NOT NULL
+        );
+        """,
+    ),
+    Migration(
+        2,
+        "trajectories, messages, tool calls, tool definitions, outcomes",
+        """
+        CREATE TABLE trace_trajectories (
+            trace_id VARCHAR PRIMARY KEY,
+            trajectory_id VARCHAR NOT NULL
+        );
+        CREATE TABLE trajectories (
+            trajectory_id VARCHAR PRIMARY KEY,
+            conversation_id VARCHAR,
+            service_name VARCHAR NOT NULL,
+            agent_name VARCHAR,
+            trace_ids VARCHAR[] NOT NULL,
+            root_name VARCHAR,
+            start_time_unix_nano UBIGINT NOT NULL,
+            end_time_unix_nano UBIGINT NOT NULL,
+            n_spans INTEGER NOT NULL,
+            n_llm_calls INTEGER NOT NULL,
+            n_tool_calls INTEGER NOT NULL,
+            n_tool_errors INTEGER NOT NULL,
+            dialects VARCHAR[] NOT NULL,
+            tool_names VARCHAR[] NOT NULL,
+            updated_batch BIGINT NOT NULL,
+            updated_at TIMESTAMPTZ NOT NULL
+        );
+        CREATE TABLE messages (
+            trajectory_id VARCHAR NOT NULL,
+            position INTEGER NOT NULL,
+            role VARCHAR NOT NULL,
+            content VARCHAR NOT NULL,
+            tool_calls VARCHAR NOT NULL,
+            tool_call_id VARCHAR,
+            name VARCHAR,
+            trace_id VARCHAR NOT NULL,
+            span_id VARCHAR NOT NULL,
+            PRIMARY KEY (trajectory_id, position)
+        );
+        CREATE TABLE tool_calls (
+            trajectory_id VARCHAR NOT NULL,
+            position INTEGER NOT NULL,
+            tool_name VARCHAR NOT NULL,
+            call_id VARCHAR,
+            arguments VARCHAR,
+            result VARCHAR,
+            error VARCHAR,
+            source VARCHAR NOT NULL,
+            message_position INTEGER,
+            trace_id VARCHAR NOT NULL,
+            span_id VARCHAR NOT NULL,
+            start_time_unix_nano UBIGINT NOT NULL,
+            PRIMARY KEY (trajectory_id, position)
+        );
+        CREATE TABLE tool_definitions (
+            service_name VARCHAR NOT NULL,
+            tool_name VARCHAR NOT NULL,
+            description VARCHAR NOT NULL,
+            parameters VARCHAR,
+            first_seen TIMESTAMPTZ NOT NULL,
+            last_seen TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (service_name, tool_name)
+        );
+        CREATE TABLE trajectory_tools (
+            trajectory_id VARCHAR NOT NULL,
+            tool_name VARCHAR NOT NULL,
+            description VARCHAR NOT NULL,
+            parameters VARCHAR,
+            PRIMARY KEY (trajectory_id, tool_name)
+        );
+        -- One row per piece of outcome evidence; trajectory_outcomes picks by precedence.
+        CREATE TABLE outcomes (
+            trajectory_id VARCHAR NOT NULL,
+            source VARCHAR NOT NULL,
+            outcome VARCHAR NOT NULL,
+            reward DOUBLE,
+            detail VARCHAR,
+            evidence_id VARCHAR NOT NULL,
+            observed_time_unix_nano UBIGINT NOT NULL,
+            recorded_at TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (trajectory_id, source, evidence_id)
+        );
+        CREATE TABLE feedback (
+            feedback_id VARCHAR PRIMARY KEY,
+            trajectory_id VARCHAR NOT NULL,
+            outcome VARCHAR NOT NULL,
+            reward DOUBLE,
+            comment VARCHAR,
+            author VARCHAR,
+            recorded_at TIMESTAMPTZ NOT NULL
+        );
+        CREATE TABLE assembler_state (
+            id INTEGER PRIMARY KEY,
+            last_span_batch BIGINT NOT NULL,
+            last_log_batch BIGINT NOT NULL
+        );
+        INSERT INTO assembler_state VALUES (1, 0, 0);
+        -- Precedence of DESIGN.md section 3: feedback, then evaluation events, then root-span
+        -- attributes; within a source the latest evidence wins. 'unknown' when none applies.
+        CREATE VIEW trajectory_outcomes AS
+        WITH evidence AS (
+            SELECT trajectory_id, 'feedback' AS source, outcome, reward, comment AS detail,
+                   epoch_ns(recorded_at) AS observed, 0 AS rank
+            FROM feedback
+            UNION ALL
+            SELECT trajectory_id, source, outcome, reward, detail, observed_time_unix_nano,
+                   CASE source WHEN 'evaluation' THEN 1 ELSE 2 END
+            FROM outcomes
+        ),
+        ranked AS (
+            SELECT *, row_number() OVER (
+                PARTITION BY trajectory_id ORDER BY rank, observed DESC
+            ) AS choice
+            FROM evidence
+        )
+        SELECT t.trajectory_id,
+               coalesce(r.outcome, 'unknown') AS outcome,
+               r.reward,
+               r.source AS outcome_source,
+               r.detail AS outcome_detail
+        FROM trajectories t LEFT JOIN ranked r ON r.trajectory_id = t.trajectory_id AND r.choice = 1;
+        """,
+    ),
+)

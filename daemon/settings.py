@@ -1,0 +1,146 @@
+"""Settings: one pydantic model per component, loaded from config.toml, --config and TRACEFIX_* variables.
+
+The field descriptions are the single documentation of each setting.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+_PACKAGED_DEFAULTS = Path(__file__).with_name("default_config.toml")
+_SOURCE_DEFAULTS = Path(__file__).resolve().parent.parent / "config.toml"
+ENV_PREFIX = "TRACEFIX_"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class StoreSettings(Section):
+    path: Path = Field(Path(".tracefix/tracefix.duckdb"), description="DuckDB file; its folder is created at start.")
+    memory_limit: str = Field("2GB", description="DuckDB memory_limit for the daemon's connection.")
+    threads: int = Field(2, ge=1, description="DuckDB worker threads.")
+
+
+class WriterSettings(Section):
+    max_batch_spans: int = Field(20000, ge=1, description="Most spans committed in one transaction.")
+    max_wait_ms: float = Field(5, ge=0, description="How long the writer waits for more requests to join a commit.")
+    queue_max_spans: int = Field(
+        200000, ge=1, description="Spans waiting for a commit before receivers answer 503 (back-pressure)."
+    )
+
+
+class CollectorSettings(Section):
+    host: str = Field("127.0.0.1", description="Interface the OTLP receivers bind to.")
+    http_port: int = Field(4318, ge=0, le=65535, description="OTLP/HTTP port (protobuf and JSON); 0 disables.")
+    grpc_port: int = Field(4317, ge=0, le=65535, description="OTLP/gRPC port; 0 disables.")
+    token: str = Field("", description="Bearer token required from exporters when non-empty.")
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body, after gzip expansion.")
+    max_attribute_value_bytes: int = Field(
+        65536, ge=64, description="Longer string/bytes attribute values are truncated and the span flagged."
+    )
+    max_attributes_per_span: int = Field(256, ge=1, description="Attributes beyond this count are dropped and flagged.")
+    max_events_per_span: int = Field(256, ge=0, description="Span events beyond this count are dropped and flagged.")
+    grpc_workers: int = Field(8, ge=1, description="Threads serving gRPC requests.")
+
+
+class AssemblerSettings(Section):
+    interval_s: float = Field(1.0, gt=0, description="How often new spans are assembled into trajectories.")
+    max_traces_per_pass: int = Field(5000, ge=1, description="Most traces assembled in one pass.")
+
+
+class OutcomeSettings(Section):
+    success_labels: list[str] = Field(
+        default_factory=list, description="gen_ai.evaluation.score.label values that mean success (case-insensitive)."
+    )
+    failure_labels: list[str] = Field(
+        default_factory=list, description="gen_ai.evaluation.score.label values that mean failure (case-insensitive)."
+    )
+    success_threshold: float = Field(
+        1.0, description="A score or tracefix.reward at or above this is a success when no label decides."
+    )
+    evaluation_names: list[str] = Field(
+        default_factory=list, description="Only these gen_ai.evaluation.name values decide outcomes; empty = all."
+    )
+
+
+class ApiSettings(Section):
+    host: str = Field("127.0.0.1", description="Interface the daemon API binds to.")
+    port: int = Field(8700, ge=0, le=65535, description="Daemon API port.")
+    token: str = Field("", description="Bearer token for mutating API calls.")
+
+
+class Settings(Section):
+    store: StoreSettings = StoreSettings()
+    writer: WriterSettings = WriterSettings()
+    collector: CollectorSettings = CollectorSettings()
+    assembler: AssemblerSettings = AssemblerSettings()
+    outcome: OutcomeSettings = OutcomeSettings()
+    api: ApiSettings = ApiSettings()
+
+
+class ConfigError(ValueError):
+    """A configuration file or variable the user must fix."""
+
+
+def _defaults_path() -> Path:
+    return _PACKAGED_DEFAULTS if _PACKAGED_DEFAULTS.exists() else _SOURCE_DEFAULTS
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: invalid TOML: {error}") from None
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _environment_overrides(environ: dict[str, str]) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for section_name, field in Settings.model_fields.items():
+        section_model = field.annotation
+        for key, key_field in section_model.model_fields.items():
+            raw = environ.get(f"{ENV_PREFIX}{section_name}_{key}".upper())
+            if raw is None:
+                continue
+            value: Any = raw
+            if raw[:1] in "[{" or "list" in str(key_field.annotation):
+                try:
+                    value = orjson.loads(raw)
+                except orjson.JSONDecodeError:
+                    value = [item.strip() for item in raw.split(",") if item.strip()]
+            overrides.setdefault(section_name, {})[key] = value
+    return overrides
+
+
+def load_settings(config_path: str | Path | None = None, environ: dict[str, str] | None = None) -> Settings:
+    """Defaults from config.toml, then the --config file, then TRACEFIX_<SECTION>_<KEY> variables."""
+    data = _read_toml(_defaults_path())
+    if config_path is not None:
+        data = _merge(data, _read_toml(Path(config_path)))
+    data = _merge(data, _environment_overrides(dict(os.environ if environ is None else environ)))
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in issue['loc'])}: {issue['msg']}" for issue in error.errors()
+        )
+        raise ConfigError(f"invalid configuration: {problems}") from None

@@ -1,0 +1,1 @@
+"""The Streamlit dashboard, a thin client of the daemon API."""

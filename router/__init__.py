@@ -1,0 +1,1 @@
+"""OpenAI-compatible serving of the base model and the live capability adapters."""

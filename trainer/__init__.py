@@ -1,0 +1,1 @@
+"""Training environments, GRPO/SFT recipes and evaluation of capability adapters."""
