@@ -368,8 +368,10 @@ def _instructions_text(value: Any) -> str | None:
     data = _decode(value)
     if data is _UNPARSEABLE:
         return _text(value) or None
-    if isinstance(data, (list, dict)):
-        return _parts_text(data if isinstance(data, list) else [data]) or None
+    if isinstance(data, dict):
+        data = [data]
+    if isinstance(data, list):
+        return _parts_text(data) or None
     return _text(data) or None
 
 

@@ -1,0 +1,150 @@
+"""Shared fixtures: a real `tracefix daemon` process on free loopback ports with its own DuckDB file."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+@dataclass
+class RunningDaemon:
+    """A daemon subprocess and the addresses it serves."""
+
+    directory: Path
+    sections: dict[str, dict[str, Any]]
+    process: subprocess.Popen | None = None
+    log_path: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log_path = self.directory / "daemon.log"
+        self.config_path = self.directory / "tracefix.toml"
+        lines = []
+        for section, values in self.sections.items():
+            lines.append(f"[{section}]")
+            lines.extend(f"{key} = {_toml_value(value)}" for key, value in values.items())
+        self.config_path.write_text("\n".join(lines) + "\n")
+
+    @property
+    def db_path(self) -> Path:
+        return Path(self.sections["store"]["path"])
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.sections['collector']['http_port']}"
+
+    @property
+    def grpc_endpoint(self) -> str:
+        return f"127.0.0.1:{self.sections['collector']['grpc_port']}"
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.sections['api']['port']}"
+
+    def start(self, timeout_s: float = 30.0) -> RunningDaemon:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "daemon.cli", "daemon", "--config", str(self.config_path)],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.process.returncode}:\n{self.log_path.read_text()}")
+            try:
+                if httpx.get(f"{self.api_url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"daemon did not become healthy:\n{self.log_path.read_text()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+    def get(self, path: str, **params: Any) -> Any:
+        response = httpx.get(f"{self.api_url}{path}", params=params, timeout=10)
+        response.raise_for_status()
+        return response.json()
+
+    def status(self) -> dict[str, Any]:
+        return self.get("/api/status")
+
+    def wait_assembled(self, timeout_s: float = 20.0) -> dict[str, Any]:
+        """Wait until every committed batch has been assembled into trajectories."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = self.status()
+            ingest = status["ingest"]
+            if ingest["assembled_batch"] >= ingest["committed_batch"] and ingest["writer_queue_rows"] == 0:
+                return status
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"assembly did not catch up: {ingest}")
+            time.sleep(0.1)
+
+    def query(self, sql: str) -> list[tuple]:
+        """Read the database directly; only valid while the daemon is stopped (DuckDB allows one writer)."""
+        import duckdb
+
+        assert self.process is None or self.process.poll() is not None, "stop the daemon before reading its file"
+        with duckdb.connect(str(self.db_path), read_only=True) as connection:
+            return connection.execute(sql).fetchall()
+
+
+def make_daemon(directory: Path, **overrides: dict[str, Any]) -> RunningDaemon:
+    """A daemon configuration on free ports in `directory`; sections in `overrides` are merged in."""
+    sections: dict[str, dict[str, Any]] = {
+        "store": {"path": str(directory / "tracefix.duckdb")},
+        "collector": {"http_port": free_port(), "grpc_port": free_port()},
+        "api": {"port": free_port()},
+        "assembler": {"interval_s": 0.2},
+    }
+    for section, values in overrides.items():
+        sections.setdefault(section, {}).update(values)
+    return RunningDaemon(directory, sections)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[RunningDaemon]:
+    running = make_daemon(tmp_path).start()
+    yield running
+    running.stop()
