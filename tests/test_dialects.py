@@ -619,7 +619,9 @@ def test_openinference_tool_span_error() -> None:
         "tool.name": "get_weather",
         "input.value": '{"location": "Atlantis"}',
     }
-    view = interpret("get_weather", attributes, [], status_code=ERROR, status_message="KeyError: 'Atlantis'")
+    view = interpret(
+        "get_weather", attributes, [], status_code=ERROR, status_message="KeyError: 'Atlantis'"
+    )
 
     assert view.tool_execution is not None
     assert view.tool_execution.error == "KeyError: 'Atlantis'"
@@ -716,6 +718,9 @@ def event(name: str, attributes: dict[str, Any], at: int = 0) -> dict[str, Any]:
     return {"name": name, "time_unix_nano": 1_700_000_000_000_000_000 + at, "attributes": attributes}
 
 
+SYSTEM_PROMPT = "You are a weather assistant."
+
+
 def test_events_full_conversation() -> None:
     tool_call = {
         "id": CALL_ID,
@@ -723,10 +728,10 @@ def test_events_full_conversation() -> None:
         "function": {"name": "get_weather", "arguments": '{"location": "Paris"}'},
     }
     events = [
-        event("gen_ai.system.message", {"gen_ai.system": "openai", "content": "You are a weather assistant."}),
+        event("gen_ai.system.message", {"gen_ai.system": "openai", "content": SYSTEM_PROMPT}),
         event("gen_ai.user.message", {"gen_ai.system": "openai", "content": "Weather in Paris?"}, 1),
         event("gen_ai.assistant.message", {"gen_ai.system": "openai", "tool_calls": [tool_call]}, 2),
-        event("gen_ai.tool.message", {"gen_ai.system": "openai", "content": "rainy, 14°C", "id": CALL_ID}, 3),
+        event("gen_ai.tool.message", {"content": "rainy, 14°C", "id": CALL_ID}, 3),
         event(
             "gen_ai.choice",
             {
@@ -757,7 +762,10 @@ def test_events_full_conversation() -> None:
 
 def test_events_choices_sorted_by_index_and_json_encoded_bodies() -> None:
     events = [
-        event("gen_ai.choice", {"index": 1, "finish_reason": "stop", "message": json.dumps({"content": "B"})}),
+        event(
+            "gen_ai.choice",
+            {"index": 1, "finish_reason": "stop", "message": json.dumps({"content": "B"})},
+        ),
         event(
             "gen_ai.choice",
             {
@@ -776,7 +784,8 @@ def test_events_choices_sorted_by_index_and_json_encoded_bodies() -> None:
     first, second = view.output_messages
     assert first.finish_reason == "tool_calls"
     assert first.role == "assistant"
-    assert [(c.id, c.name, orjson.loads(c.arguments)) for c in first.tool_calls] == [("c1", "f", {"x": 1})]
+    [call] = first.tool_calls
+    assert (call.id, call.name, orjson.loads(call.arguments)) == ("c1", "f", {"x": 1})
     assert (second.content, second.finish_reason) == ("B", "stop")
 
 
@@ -906,7 +915,10 @@ def test_junk_input_never_raises(caplog: pytest.LogCaptureFixture) -> None:
         {"name": "gen_ai.choice", "attributes": {"message": "[not json", "index": "first"}},
         {"name": "gen_ai.assistant.message", "attributes": {"tool_calls": 5, "content": [1, {}]}},
         {"name": "gen_ai.tool.message", "attributes": {"gen_ai.event.content": "{bad"}},
-        {"name": "gen_ai.client.inference.operation.details", "attributes": {"gen_ai.input.messages": 3}},
+        {
+            "name": "gen_ai.client.inference.operation.details",
+            "attributes": {"gen_ai.input.messages": 3},
+        },
         {"name": "exception", "attributes": {"exception.message": 7}},
     ]
     with caplog.at_level(logging.WARNING, logger="collectors.dialects"):
@@ -921,7 +933,8 @@ def test_junk_input_never_raises(caplog: pytest.LogCaptureFixture) -> None:
                     assert view.model == "m"
         # Wrong types for the arguments themselves.
         for attributes, events in [(None, None), ([1, 2], "x"), ({1: "a", None: "b"}, [1])]:
-            assert isinstance(interpret(None, attributes, events, "2", None), SpanView)  # type: ignore[arg-type]
+            view = interpret(None, attributes, events, "2", None)  # type: ignore[arg-type]
+            assert isinstance(view, SpanView)
     # The safety net in interpret() logs a warning: none means every reader coped by itself.
     assert caplog.records == []
 
