@@ -1,25 +1,81 @@
-"""The daemon's REST API on :8700: the only way other processes reach the store."""
+"""The daemon's REST API on :8700: the only way other processes reach the store.
+
+Reads are open on the loopback interface; every mutating call needs `Authorization: Bearer <token>`.
+"""
 
 from __future__ import annotations
 
+import hmac
+import os
+import secrets
 import time
-from typing import TYPE_CHECKING, Any
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from pydantic import BaseModel, Field
 
 from daemon import metrics
+from daemon.settings import Settings
 
 if TYPE_CHECKING:
     from daemon.service import Daemon
 
 VERSION = "0.1.0"
+TOKEN_FILE = "api.token"
+
+
+def api_token(settings: Settings, create: bool = False) -> str:
+    """The API token: from config, else from <store dir>/api.token (created by the daemon, mode 0600)."""
+    if settings.api.token:
+        return settings.api.token
+    path = Path(settings.store.path).parent / TOKEN_FILE
+    if path.exists():
+        return path.read_text().strip()
+    if not create:
+        return ""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(24)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(token + "\n")
+    return token
+
+
+class Feedback(BaseModel):
+    trajectory_id: str = Field(min_length=1, max_length=512)
+    outcome: Literal["success", "failure"]
+    reward: float | None = Field(default=None, ge=-1e9, le=1e9)
+    comment: str | None = Field(default=None, max_length=10_000)
+    feedback_id: str | None = Field(default=None, max_length=128, description="Re-sending the same id updates it.")
+
+
+class TrainRequest(BaseModel):
+    reason: str | None = Field(default=None, max_length=2_000)
+
+
+class Relabel(BaseModel):
+    capability: str | None = None
 
 
 def create_api(daemon: Daemon) -> FastAPI:
-    """The FastAPI application serving health, metrics and status for one running daemon."""
+    """The FastAPI application of one running daemon."""
     api = FastAPI(title="tracefix daemon", version=VERSION)
+    token = api_token(daemon.settings, create=True)
+    max_page = daemon.settings.api.max_page
+
+    def authorized(request: Request) -> str:
+        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(credentials.strip(), token):
+            raise HTTPException(401, "missing or wrong bearer token (see [api] token or <store dir>/api.token)")
+        return "api-token"
+
+    Caller = Annotated[str, Depends(authorized)]
+    Limit = Annotated[int, Query(ge=1, le=max_page)]
+    Offset = Annotated[int, Query(ge=0)]
 
     @api.get("/healthz")
     def healthz() -> JSONResponse:
@@ -46,12 +102,8 @@ def create_api(daemon: Daemon) -> FastAPI:
                 "schema_version": daemon.store.schema_version(),
             },
             "counts": {
-                "spans": counts.get("spans", 0),
-                "logs": counts.get("logs", 0),
-                "trajectories": counts.get("trajectories", 0),
-                "messages": counts.get("messages", 0),
-                "tool_calls": counts.get("tool_calls", 0),
-                "tool_definitions": counts.get("tool_definitions", 0),
+                name: counts.get(name, 0)
+                for name in ("spans", "logs", "trajectories", "messages", "tool_calls", "tool_definitions")
             },
             "outcomes": {name: counts.get(name, 0) for name in ("success", "failure", "unknown")},
             "ingest": {
@@ -59,7 +111,80 @@ def create_api(daemon: Daemon) -> FastAPI:
                 "assembled_batch": daemon.assembler.position[0],
                 "writer_queue_rows": int(metrics.WRITER_QUEUE._value.get()),
             },
+            "analysis": daemon.last_analysis,
+            "capabilities": daemon.registry.names(),
+            "plugin_errors": daemon.registry.errors,
             "endpoints": daemon.endpoints,
         }
+
+    @api.get("/api/capabilities")
+    def capabilities() -> dict[str, Any]:
+        return {"items": daemon.capability_overview()}
+
+    @api.get("/api/capabilities/{name}")
+    def capability(name: str, window: str | None = None) -> dict[str, Any]:
+        if name not in daemon.registry:
+            raise HTTPException(404, f"unknown capability {name!r}; known: {', '.join(daemon.registry.names())}")
+        overview = next(item for item in daemon.capability_overview() if item["name"] == name)
+        window = window or daemon.settings.analysis.selection_window
+        overview["history"] = daemon.analysis_store.stats_history(name, window)
+        overview["transitions"] = daemon.analysis_store.transitions(name)
+        return overview
+
+    @api.post("/api/capabilities/{name}/train", status_code=202)
+    def train(name: str, caller: Caller, body: TrainRequest | None = None) -> dict[str, Any]:
+        if name not in daemon.registry:
+            raise HTTPException(404, f"unknown capability {name!r}; known: {', '.join(daemon.registry.names())}")
+        if daemon.analysis_store.open_training_request(name) is not None:
+            raise HTTPException(409, f"a training request for {name} is already open")
+        reason = (body.reason if body else None) or "requested through the API"
+        request = daemon.analysis_store.create_training_request(name, "manual", reason, caller, None)
+        metrics.TRAINING_REQUESTS.labels(name, "manual").inc()
+        return request
+
+    @api.get("/api/training_requests")
+    def training_requests(status: str | None = None) -> dict[str, Any]:
+        return {"items": daemon.analysis_store.training_requests(status)}
+
+    @api.post("/api/relabel", status_code=202)
+    def relabel(caller: Caller, body: Relabel | None = None) -> dict[str, Any]:
+        capability = body.capability if body else None
+        if capability is not None and capability not in daemon.registry:
+            raise HTTPException(404, f"unknown capability {capability!r}")
+        removed = daemon.analysis_store.forget_labels(capability)
+        return {"labels_removed": removed, "capability": capability}
+
+    @api.get("/api/trajectories")
+    def trajectories(
+        capability: str | None = None,
+        label: Literal["NA", "PRESENT", "LACKING"] | None = None,
+        outcome: Literal["success", "failure", "unknown"] | None = None,
+        service: str | None = None,
+        limit: Limit = 50,
+        offset: Offset = 0,
+    ) -> dict[str, Any]:
+        if label is not None and capability is None:
+            raise HTTPException(422, "filtering by label needs a capability")
+        if capability is not None and capability not in daemon.registry:
+            raise HTTPException(404, f"unknown capability {capability!r}")
+        items, total = daemon.analysis_store.list_trajectories(capability, label, outcome, service, limit, offset)
+        return {"items": items, "total": total, "limit": limit, "offset": offset}
+
+    @api.get("/api/trajectories/{trajectory_id}")
+    def trajectory(trajectory_id: str) -> dict[str, Any]:
+        found = daemon.analysis_store.trajectory(trajectory_id)
+        if found is None:
+            raise HTTPException(404, f"no trajectory {trajectory_id!r}")
+        return found
+
+    @api.post("/api/feedback", status_code=201)
+    def feedback(body: Feedback, caller: Caller) -> dict[str, Any]:
+        feedback_id = body.feedback_id or uuid.uuid4().hex
+        stored = daemon.analysis_store.add_feedback(
+            feedback_id, body.trajectory_id, body.outcome, body.reward, body.comment, caller
+        )
+        if not stored:
+            raise HTTPException(404, f"no trajectory {body.trajectory_id!r} (has it been assembled yet?)")
+        return {"feedback_id": feedback_id, "trajectory_id": body.trajectory_id, "outcome": body.outcome}
 
     return api

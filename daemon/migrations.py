@@ -189,4 +189,84 @@ MIGRATIONS: tuple[Migration, ...] = (
         FROM trajectories t LEFT JOIN ranked r ON r.trajectory_id = t.trajectory_id AND r.choice = 1;
         """,
     ),
+    Migration(
+        3,
+        "labels, capability statistics, trigger states and training requests",
+        """
+        CREATE TABLE labels (
+            trajectory_id VARCHAR NOT NULL,
+            capability VARCHAR NOT NULL,
+            labeler VARCHAR NOT NULL,
+            labeler_version VARCHAR NOT NULL,
+            run INTEGER NOT NULL,
+            label VARCHAR NOT NULL CHECK (label IN ('NA', 'PRESENT', 'LACKING')),
+            reason VARCHAR NOT NULL,
+            span_ids VARCHAR[] NOT NULL,
+            confidence DOUBLE NOT NULL,
+            labeled_batch BIGINT NOT NULL,
+            labeled_at TIMESTAMPTZ NOT NULL,
+            PRIMARY KEY (trajectory_id, capability, labeler, run)
+        );
+        CREATE TABLE capability_stats (
+            pass_id BIGINT NOT NULL,
+            computed_at TIMESTAMPTZ NOT NULL,
+            window_name VARCHAR NOT NULL,
+            capability VARCHAR NOT NULL,
+            n_success INTEGER NOT NULL,
+            n_failure INTEGER NOT NULL,
+            n_unknown INTEGER NOT NULL,
+            needed_success INTEGER NOT NULL,
+            needed_failure INTEGER NOT NULL,
+            lacking_success INTEGER NOT NULL,
+            lacking_failure INTEGER NOT NULL,
+            er_plus DOUBLE,
+            er_plus_low DOUBLE,
+            er_plus_high DOUBLE,
+            er_minus DOUBLE,
+            er_minus_low DOUBLE,
+            er_minus_high DOUBLE,
+            delta DOUBLE,
+            coverage DOUBLE,
+            failure_rate DOUBLE,
+            failure_rate_low DOUBLE,
+            failure_rate_high DOUBLE,
+            runs INTEGER NOT NULL,
+            runs_selected INTEGER NOT NULL,
+            selected BOOLEAN NOT NULL,
+            rank INTEGER,
+            PRIMARY KEY (pass_id, window_name, capability)
+        );
+        CREATE TABLE capability_states (
+            capability VARCHAR PRIMARY KEY,
+            state VARCHAR NOT NULL,
+            since TIMESTAMPTZ NOT NULL,
+            consecutive INTEGER NOT NULL,
+            reason VARCHAR NOT NULL,
+            cooldown_until TIMESTAMPTZ,
+            last_pass_id BIGINT NOT NULL
+        );
+        CREATE SEQUENCE transition_ids;
+        CREATE TABLE capability_transitions (
+            transition_id BIGINT PRIMARY KEY DEFAULT nextval('transition_ids'),
+            transitioned_at TIMESTAMPTZ NOT NULL,
+            capability VARCHAR NOT NULL,
+            from_state VARCHAR NOT NULL,
+            to_state VARCHAR NOT NULL,
+            reason VARCHAR NOT NULL,
+            stats VARCHAR
+        );
+        CREATE SEQUENCE training_request_ids;
+        CREATE TABLE training_requests (
+            request_id BIGINT PRIMARY KEY DEFAULT nextval('training_request_ids'),
+            capability VARCHAR NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL,
+            source VARCHAR NOT NULL,
+            status VARCHAR NOT NULL,
+            reason VARCHAR NOT NULL,
+            requested_by VARCHAR,
+            stats VARCHAR
+        );
+        """,
+    ),
 )
+

@@ -16,9 +16,12 @@ from collectors.ingest import Ingestor
 from collectors.otlp import Limits
 from collectors.trajectories import Assembler
 from daemon import metrics
+from daemon.analysis import Analyzer
 from daemon.api import create_api
+from daemon.capabilities import load_registry
 from daemon.settings import Settings
-from daemon.store import Store
+from daemon.store import AnalysisStore, Store
+from daemon.trigger import HEALTHY, Trigger
 from daemon.writer import BatchedWriter
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,11 @@ class Daemon:
         )
         self.ingestor = Ingestor(self.writer, limits)
         self.assembler = Assembler(self.store, settings.assembler, settings.outcome)
+        self.registry = load_registry(settings.capabilities)
+        self.analysis_store = AnalysisStore(self.store)
+        self.analyzer = Analyzer(self.store, self.registry, settings.analysis)
+        self.trigger = Trigger(self.store, self.registry, settings.analysis, settings.trigger)
+        self.last_analysis: dict[str, Any] | None = None
         self.http_receiver = HttpReceiver(self.ingestor, collector.max_body_bytes, collector.token)
         self.grpc_receiver: GrpcReceiver | None = None
         self.scheduler = BackgroundScheduler(job_defaults={"coalesce": True, "max_instances": 1})
@@ -94,6 +102,53 @@ class Daemon:
     def _assemble(self) -> None:
         self.assembler.run_pass()
         metrics.ASSEMBLER_LAG.set(max(0, self.writer.committed_batch - self.assembler.position[0]))
+
+    def _analyze(self) -> None:
+        result = self.analyzer.run_pass()
+        self.last_analysis = {
+            "pass_id": result.pass_id,
+            "labeled": result.labeled,
+            "seconds": round(result.seconds, 3),
+            "at": time.time(),
+        }
+
+    def _retention(self) -> None:
+        cutoff = time.time_ns() - int(self.settings.retention.span_days * 86400 * 1e9)
+        spans, logs = self.analysis_store.delete_spans_before(cutoff)
+        if spans or logs:
+            log.info("retention removed %d spans and %d log records", spans, logs)
+
+    def capability_overview(self) -> list[dict[str, Any]]:
+        """Each capability with its state, open training request and latest statistics per window."""
+        stats: dict[str, dict[str, Any]] = {}
+        for row in self.analysis_store.stats():
+            stats.setdefault(row["capability"], {})[row["window_name"]] = row
+        states = self.analysis_store.states()
+        selection = self.settings.analysis.selection_window
+        items = []
+        for capability in self.registry:
+            state = states.get(capability.name, {})
+            windows = stats.get(capability.name, {})
+            chosen = windows.get(selection, {})
+            items.append(
+                {
+                    "name": capability.name,
+                    "description": capability.description,
+                    "labeler": capability.labeler.name,
+                    "labeler_version": capability.labeler.version,
+                    "environment_family": capability.environment_family,
+                    "builtin": capability.builtin,
+                    "state": state.get("state", HEALTHY),
+                    "state_since": state.get("since"),
+                    "state_reason": state.get("reason", "not analyzed yet"),
+                    "selected": bool(chosen.get("selected")),
+                    "rank": chosen.get("rank"),
+                    "open_training_request": self.analysis_store.open_training_request(capability.name),
+                    "windows": windows,
+                }
+            )
+        items.sort(key=lambda item: (item["rank"] is None, item["rank"] or 0, item["name"]))
+        return items
 
     def run(self) -> None:
         """Serve until SIGINT/SIGTERM, then drain: receivers stop, queued rows commit, the file closes."""
@@ -127,6 +182,24 @@ class Daemon:
                 "interval",
                 seconds=self.settings.assembler.interval_s,
                 id="assemble",
+            )
+            self.scheduler.add_job(
+                self._job("analyze", self._analyze),
+                "interval",
+                seconds=self.settings.analysis.interval_s,
+                id="analyze",
+            )
+            self.scheduler.add_job(
+                self._job("trigger", self.trigger.run_pass),
+                "interval",
+                seconds=self.settings.analysis.interval_s,
+                id="trigger",
+            )
+            self.scheduler.add_job(
+                self._job("retention", self._retention),
+                "interval",
+                seconds=self.settings.retention.interval_s,
+                id="retention",
             )
             self.scheduler.start()
             log.info("tracefix daemon serving %s", self.endpoints)

@@ -70,10 +70,57 @@ class OutcomeSettings(Section):
     )
 
 
+class CapabilitySettings(Section):
+    state_changing_tools: list[str] = Field(
+        default_factory=list, description="Tools that change state, in addition to those matched by prefix."
+    )
+    state_changing_prefixes: list[str] = Field(
+        default_factory=lambda: ["update_", "cancel_", "book_", "create_", "delete_", "send_", "transfer_"],
+        description="A tool whose name starts with one of these changes state.",
+    )
+    confirmation_phrases: list[str] = Field(
+        default_factory=list, description="A user turn containing one of these confirms a pending change."
+    )
+    loop_repeats: int = Field(3, ge=2, description="This many identical consecutive calls are a loop.")
+    max_turns: int = Field(0, ge=0, description="A run with this many assistant turns hit the turn limit; 0 = none.")
+    disabled: list[str] = Field(default_factory=list, description="Capability plugins not to load, by name.")
+
+
+class AnalysisSettings(Section):
+    interval_s: float = Field(30.0, gt=0, description="How often labeling and statistics run.")
+    label_batch: int = Field(20000, ge=1, description="Most trajectories labeled per capability in one pass.")
+    windows: list[str] = Field(
+        default_factory=lambda: ["all", "24h"],
+        description="Statistics windows by trajectory end time: 'all' or a duration like '24h', '7d', '90m'.",
+    )
+    selection_window: str = Field("all", description="The window whose statistics select capabilities.")
+    min_delta: float = Field(0.20, description="Selected when ER- minus ER+ is at least this (paper: 0.20).")
+    min_coverage: float = Field(0.10, description="Selected only when LACKING-on-failed / all failed is at least this (paper: 0.10).")
+    min_failures: int = Field(
+        20, ge=1, description="Selected only when at least this many failed trajectories need the capability."
+    )
+    consistency: float = Field(
+        0.8, ge=0, le=1, description="Share of repeated labeling runs that must select it (paper: 8 of 10)."
+    )
+
+
+class TriggerSettings(Section):
+    hold_passes: int = Field(2, ge=1, description="A gap must hold for this many consecutive passes to fire.")
+    cooldown_hours: float = Field(24.0, ge=0, description="No new trigger for a capability this long after a promotion or rejection.")
+
+
+class RetentionSettings(Section):
+    span_days: float = Field(30, gt=0, description="Spans and log records older than this are deleted; labels and statistics stay.")
+    interval_s: float = Field(3600, gt=0, description="How often the retention job runs.")
+
+
 class ApiSettings(Section):
     host: str = Field("127.0.0.1", description="Interface the daemon API binds to.")
     port: int = Field(8700, ge=0, le=65535, description="Daemon API port.")
-    token: str = Field("", description="Bearer token for mutating API calls.")
+    token: str = Field(
+        "", description="Bearer token for mutating API calls; when empty one is generated into <store dir>/api.token."
+    )
+    max_page: int = Field(500, ge=1, description="Largest page a list endpoint returns.")
 
 
 class Settings(Section):
@@ -82,6 +129,10 @@ class Settings(Section):
     collector: CollectorSettings = CollectorSettings()
     assembler: AssemblerSettings = AssemblerSettings()
     outcome: OutcomeSettings = OutcomeSettings()
+    capabilities: CapabilitySettings = CapabilitySettings()
+    analysis: AnalysisSettings = AnalysisSettings()
+    trigger: TriggerSettings = TriggerSettings()
+    retention: RetentionSettings = RetentionSettings()
     api: ApiSettings = ApiSettings()
 
 

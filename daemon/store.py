@@ -361,3 +361,412 @@ def _insert(tx: duckdb.DuckDBPyConnection, table: str, rows: list[tuple]) -> Non
     tx.register("incoming_rows", incoming)
     tx.execute(f"INSERT INTO {table} SELECT * FROM incoming_rows")
     tx.unregister("incoming_rows")
+
+
+# -- capability analysis ------------------------------------------------------------------------
+# `current` is the registry's (capability, labeler, labeler_version) triples: statistics and
+# staleness only ever consider the labels of the labeler a capability has now.
+
+_CURRENT = "current_labelers"
+
+
+def _with_current(cursor: duckdb.DuckDBPyConnection, current: Sequence[tuple[str, str, str]]) -> None:
+    table = pa.table(
+        {
+            "capability": [row[0] for row in current],
+            "labeler": [row[1] for row in current],
+            "labeler_version": [row[2] for row in current],
+        },
+        schema=pa.schema([("capability", pa.string()), ("labeler", pa.string()), ("labeler_version", pa.string())]),
+    )
+    cursor.register(_CURRENT, table)
+
+
+def _wilson(successes: str, total: str, prefix: str) -> str:
+    """SQL for a Wilson 95 % interval of successes/total, as columns <prefix>_low and <prefix>_high."""
+    z2 = "3.8414588206941254"  # 1.959963984540054 squared
+    p = f"({successes}::DOUBLE / {total})"
+    center = f"(({p} + {z2} / (2 * {total})) / (1 + {z2} / {total}))"
+    half = f"(sqrt({z2}) * sqrt({p} * (1 - {p}) / {total} + {z2} / (4 * {total} * {total})) / (1 + {z2} / {total}))"
+    return (
+        f"CASE WHEN {total} > 0 THEN greatest(0, {center} - {half}) END AS {prefix}_low, "
+        f"CASE WHEN {total} > 0 THEN least(1, {center} + {half}) END AS {prefix}_high"
+    )
+
+
+class AnalysisStore:
+    """The SQL of labeling, statistics and the trigger, on a Store's connection."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def trajectories_to_label(self, current: Sequence[tuple[str, str, str]], limit: int) -> list[str]:
+        """Trajectories missing a current label for some capability, or reassembled since labeling."""
+        cursor = self.store.cursor
+        _with_current(cursor, current)
+        rows = cursor.execute(
+            f"""
+            WITH fresh AS (
+                SELECT l.trajectory_id, count(DISTINCT l.capability) AS labeled
+                FROM labels l
+                JOIN {_CURRENT} c USING (capability, labeler, labeler_version)
+                JOIN trajectories t USING (trajectory_id)
+                WHERE l.labeled_batch >= t.updated_batch
+                GROUP BY l.trajectory_id
+            )
+            SELECT t.trajectory_id FROM trajectories t LEFT JOIN fresh f USING (trajectory_id)
+            WHERE coalesce(f.labeled, 0) < (SELECT count(*) FROM {_CURRENT})
+            ORDER BY t.updated_batch, t.trajectory_id
+            LIMIT ?
+            """,
+            [limit],
+        ).fetchall()
+        cursor.unregister(_CURRENT)
+        return [row[0] for row in rows]
+
+    def labeling_inputs(self, trajectory_ids: list[str]) -> dict[str, Any]:
+        """Everything labelers read for these trajectories, fetched in a handful of bulk queries."""
+        cursor = self.store.cursor
+        ids = [trajectory_ids]
+        return {
+            "trajectories": _dicts(
+                cursor.execute(
+                    "SELECT t.trajectory_id, t.service_name, t.updated_batch, o.outcome FROM trajectories t "
+                    "JOIN trajectory_outcomes o USING (trajectory_id) "
+                    "WHERE t.trajectory_id IN (SELECT unnest(?::VARCHAR[]))",
+                    ids,
+                )
+            ),
+            "messages": cursor.execute(
+                "SELECT trajectory_id, position, role, content, tool_calls, tool_call_id, span_id FROM messages "
+                "WHERE trajectory_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY trajectory_id, position",
+                ids,
+            ).fetchall(),
+            "tool_calls": cursor.execute(
+                "SELECT trajectory_id, position, tool_name, call_id, arguments, result, error, message_position, span_id "
+                "FROM tool_calls WHERE trajectory_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY trajectory_id, position",
+                ids,
+            ).fetchall(),
+            "trajectory_tools": cursor.execute(
+                "SELECT trajectory_id, tool_name, description, parameters FROM trajectory_tools "
+                "WHERE trajectory_id IN (SELECT unnest(?::VARCHAR[]))",
+                ids,
+            ).fetchall(),
+            "agent_tools": cursor.execute(
+                "SELECT service_name, tool_name, description, parameters FROM tool_definitions "
+                "WHERE service_name IN (SELECT DISTINCT service_name FROM trajectories "
+                "WHERE trajectory_id IN (SELECT unnest(?::VARCHAR[])))",
+                ids,
+            ).fetchall(),
+        }
+
+    def replace_labels(self, trajectory_ids: list[str], labelers: Sequence[tuple[str, str]], rows: list[tuple]) -> None:
+        """Swap in new labels for these trajectories (for the given capability/labeler pairs) atomically."""
+        with self.store.transaction() as tx:
+            pairs = pa.table({"capability": [p[0] for p in labelers], "labeler": [p[1] for p in labelers]})
+            tx.register("relabeled", pairs)
+            tx.execute(
+                "DELETE FROM labels WHERE trajectory_id IN (SELECT unnest(?::VARCHAR[])) "
+                "AND (capability, labeler) IN (SELECT (capability, labeler) FROM relabeled)",
+                [trajectory_ids],
+            )
+            tx.unregister("relabeled")
+            _insert(tx, "labels", rows)
+
+    def forget_labels(self, capability: str | None = None) -> int:
+        """Delete labels (of one capability, or all) so the next pass relabels without re-ingesting."""
+        with self.store.transaction() as tx:
+            if capability is None:
+                return tx.execute("DELETE FROM labels").fetchone()[0]
+            return tx.execute("DELETE FROM labels WHERE capability = ?", [capability]).fetchone()[0]
+
+    def compute_stats(
+        self,
+        current: Sequence[tuple[str, str, str]],
+        windows: Sequence[tuple[str, int | None]],
+        min_delta: float,
+        min_coverage: float,
+        min_failures: int,
+        consistency: float,
+    ) -> int:
+        """Recompute every capability's statistics for each (window name, start ns) and store them as one pass.
+
+        Returns the pass id. Per run (LLM labelers repeat labeling), the paper's selection rule is
+        evaluated; a capability is selected when the majority-vote labels pass it and at least
+        `consistency` of the runs pass it too.
+        """
+        cursor = self.store.cursor
+        pass_id = cursor.execute("SELECT coalesce(max(pass_id), 0) + 1 FROM capability_stats").fetchone()[0]
+        with self.store.transaction() as tx:
+            _with_current(tx, current)
+            for window_name, start_ns in windows:
+                tx.execute(
+                    f"""
+                    INSERT INTO capability_stats
+                    WITH traj AS (
+                        SELECT t.trajectory_id, o.outcome FROM trajectories t
+                        JOIN trajectory_outcomes o USING (trajectory_id)
+                        WHERE t.end_time_unix_nano >= ?
+                    ),
+                    totals AS (
+                        SELECT count(*) FILTER (WHERE outcome = 'failure') AS failed FROM traj
+                    ),
+                    per_run AS (
+                        SELECT l.capability, l.run, l.trajectory_id, l.label, traj.outcome
+                        FROM labels l
+                        JOIN {_CURRENT} c USING (capability, labeler, labeler_version)
+                        JOIN traj USING (trajectory_id)
+                    ),
+                    voted AS (
+                        SELECT capability, trajectory_id, any_value(outcome) AS outcome, mode(label) AS label
+                        FROM per_run GROUP BY capability, trajectory_id
+                    ),
+                    counts AS (
+                        SELECT capability,
+                            count(*) FILTER (WHERE outcome = 'success') AS n_success,
+                            count(*) FILTER (WHERE outcome = 'failure') AS n_failure,
+                            count(*) FILTER (WHERE outcome = 'unknown') AS n_unknown,
+                            count(*) FILTER (WHERE outcome = 'success' AND label <> 'NA') AS needed_success,
+                            count(*) FILTER (WHERE outcome = 'failure' AND label <> 'NA') AS needed_failure,
+                            count(*) FILTER (WHERE outcome = 'success' AND label = 'LACKING') AS lacking_success,
+                            count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING') AS lacking_failure
+                        FROM voted GROUP BY capability
+                    ),
+                    run_selection AS (
+                        SELECT capability, run,
+                            count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING')::DOUBLE
+                                / nullif(count(*) FILTER (WHERE outcome = 'failure' AND label <> 'NA'), 0)
+                            - coalesce(count(*) FILTER (WHERE outcome = 'success' AND label = 'LACKING')::DOUBLE
+                                / nullif(count(*) FILTER (WHERE outcome = 'success' AND label <> 'NA'), 0), 0)
+                                AS delta,
+                            count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING')::DOUBLE
+                                / nullif((SELECT failed FROM totals), 0) AS coverage
+                        FROM per_run GROUP BY capability, run
+                    ),
+                    runs AS (
+                        SELECT capability, count(*) AS runs,
+                            count(*) FILTER (WHERE delta >= $min_delta AND coverage >= $min_coverage) AS runs_selected
+                        FROM run_selection GROUP BY capability
+                    ),
+                    rates AS (
+                        SELECT c.*, r.runs, r.runs_selected,
+                            lacking_success::DOUBLE / nullif(needed_success, 0) AS er_plus,
+                            lacking_failure::DOUBLE / nullif(needed_failure, 0) AS er_minus,
+                            lacking_failure::DOUBLE / nullif((SELECT failed FROM totals), 0) AS coverage,
+                            needed_failure::DOUBLE / nullif(needed_success + needed_failure, 0) AS failure_rate
+                        FROM counts c JOIN runs r USING (capability)
+                    ),
+                    decided AS (
+                        SELECT *,
+                            er_minus - coalesce(er_plus, 0) AS delta,
+                            coalesce(er_minus - coalesce(er_plus, 0) >= $min_delta
+                                AND coverage >= $min_coverage
+                                AND needed_failure >= $min_failures
+                                AND runs_selected >= ceil($consistency * runs), false) AS selected
+                        FROM rates
+                    )
+                    SELECT $pass_id, now(), $window_name, capability,
+                        n_success, n_failure, n_unknown, needed_success, needed_failure, lacking_success, lacking_failure,
+                        er_plus, {_wilson("lacking_success", "needed_success", "er_plus")},
+                        er_minus, {_wilson("lacking_failure", "needed_failure", "er_minus")},
+                        delta, coverage,
+                        failure_rate, {_wilson("needed_failure", "(needed_success + needed_failure)", "failure_rate")},
+                        runs, runs_selected, selected,
+                        CASE WHEN selected THEN row_number() OVER (PARTITION BY selected ORDER BY coverage DESC, capability) END
+                    FROM decided
+                    """.replace("?", "$start_ns"),
+                    {
+                        "start_ns": start_ns or 0,
+                        "min_delta": min_delta,
+                        "min_coverage": min_coverage,
+                        "min_failures": min_failures,
+                        "consistency": consistency,
+                        "pass_id": pass_id,
+                        "window_name": window_name,
+                    },
+                )
+            tx.unregister(_CURRENT)
+        return pass_id
+
+    def stats(self, pass_id: int | None = None) -> list[dict[str, Any]]:
+        """The statistics of one pass (the latest by default)."""
+        return self.store.query(
+            "SELECT * FROM capability_stats WHERE pass_id = coalesce(?, (SELECT max(pass_id) FROM capability_stats)) "
+            "ORDER BY window_name, capability",
+            [pass_id],
+        )
+
+    def stats_history(self, capability: str, window_name: str, limit: int = 200) -> list[dict[str, Any]]:
+        return self.store.query(
+            "SELECT * FROM (SELECT * FROM capability_stats WHERE capability = ? AND window_name = ? "
+            "ORDER BY pass_id DESC LIMIT ?) ORDER BY pass_id",
+            [capability, window_name, limit],
+        )
+
+    # -- inferred tool schemas -----------------------------------------------------------------
+
+    def observed_arguments(self, service_name: str, limit_per_tool: int = 500) -> list[tuple[str, str]]:
+        """Recent (tool, arguments) pairs of one agent, to infer schemas when it declares none."""
+        return self.store.cursor.execute(
+            """
+            SELECT tool_name, arguments FROM (
+                SELECT c.tool_name, c.arguments,
+                       row_number() OVER (PARTITION BY c.tool_name ORDER BY t.updated_batch DESC) AS n
+                FROM tool_calls c JOIN trajectories t USING (trajectory_id)
+                WHERE t.service_name = ? AND c.arguments IS NOT NULL
+            ) WHERE n <= ?
+            """,
+            [service_name, limit_per_tool],
+        ).fetchall()
+
+    # -- trigger -------------------------------------------------------------------------------
+
+    def states(self) -> dict[str, dict[str, Any]]:
+        return {row["capability"]: row for row in self.store.query("SELECT * FROM capability_states")}
+
+    def transition(
+        self,
+        capability: str,
+        from_state: str,
+        to_state: str,
+        reason: str,
+        consecutive: int,
+        pass_id: int,
+        stats: str | None = None,
+        cooldown_until: Any = None,
+    ) -> None:
+        """Move a capability to a state, recording the transition (a no-op move only updates counters)."""
+        with self.store.transaction() as tx:
+            tx.execute(
+                "INSERT INTO capability_states VALUES (?, ?, now(), ?, ?, ?, ?) ON CONFLICT (capability) DO UPDATE SET "
+                "state = excluded.state, since = CASE WHEN capability_states.state = excluded.state "
+                "THEN capability_states.since ELSE excluded.since END, consecutive = excluded.consecutive, "
+                "reason = excluded.reason, cooldown_until = excluded.cooldown_until, last_pass_id = excluded.last_pass_id",
+                [capability, to_state, consecutive, reason, cooldown_until, pass_id],
+            )
+            if from_state != to_state:
+                tx.execute(
+                    "INSERT INTO capability_transitions (transitioned_at, capability, from_state, to_state, reason, stats) "
+                    "VALUES (now(), ?, ?, ?, ?, ?)",
+                    [capability, from_state, to_state, reason, stats],
+                )
+
+    def transitions(self, capability: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        return self.store.query(
+            "SELECT * FROM capability_transitions WHERE ? IS NULL OR capability = ? ORDER BY transition_id DESC LIMIT ?",
+            [capability, capability, limit],
+        )
+
+    def open_training_request(self, capability: str) -> dict[str, Any] | None:
+        rows = self.store.query(
+            "SELECT * FROM training_requests WHERE capability = ? AND status IN ('open', 'taken') "
+            "ORDER BY request_id DESC LIMIT 1",
+            [capability],
+        )
+        return rows[0] if rows else None
+
+    def create_training_request(
+        self, capability: str, source: str, reason: str, requested_by: str | None, stats: str | None
+    ) -> dict[str, Any]:
+        with self.store.transaction() as tx:
+            request_id = tx.execute(
+                "INSERT INTO training_requests (capability, created_at, source, status, reason, requested_by, stats) "
+                "VALUES (?, now(), ?, 'open', ?, ?, ?) RETURNING request_id",
+                [capability, source, reason, requested_by, stats],
+            ).fetchone()[0]
+        return self.store.query("SELECT * FROM training_requests WHERE request_id = ?", [request_id])[0]
+
+    def training_requests(self, status: str | None = None) -> list[dict[str, Any]]:
+        return self.store.query(
+            "SELECT * FROM training_requests WHERE ? IS NULL OR status = ? ORDER BY request_id DESC", [status, status]
+        )
+
+    # -- API reads and feedback ------------------------------------------------------------------
+
+    def list_trajectories(
+        self,
+        capability: str | None,
+        label: str | None,
+        outcome: str | None,
+        service: str | None,
+        limit: int,
+        offset: int,
+    ) -> tuple[list[dict[str, Any]], int]:
+        """A page of trajectories, newest first, optionally with one capability's label and evidence."""
+        filters = ["(? IS NULL OR o.outcome = ?)", "(? IS NULL OR t.service_name = ?)"]
+        parameters: list[Any] = [outcome, outcome, service, service]
+        label_join = ""
+        label_columns = ", NULL AS label, NULL AS reason, NULL AS span_ids"
+        if capability is not None:
+            label_join = (
+                "JOIN (SELECT trajectory_id, mode(label) AS label, any_value(reason ORDER BY run) AS reason, "
+                "any_value(span_ids ORDER BY run) AS span_ids FROM labels WHERE capability = ? "
+                "GROUP BY trajectory_id) l USING (trajectory_id)"
+            )
+            label_columns = ", l.label, l.reason, l.span_ids"
+            parameters = [capability, *parameters]
+            filters.append("(? IS NULL OR l.label = ?)")
+            parameters += [label, label]
+        where = " AND ".join(filters)
+        base = (
+            f"FROM trajectories t JOIN trajectory_outcomes o USING (trajectory_id) {label_join} WHERE {where}"
+        )
+        total = self.store.cursor.execute(f"SELECT count(*) {base}", parameters).fetchone()[0]
+        items = self.store.query(
+            "SELECT t.trajectory_id, t.service_name, t.agent_name, t.conversation_id, t.root_name, "
+            "t.start_time_unix_nano, t.end_time_unix_nano, t.n_spans, t.n_llm_calls, t.n_tool_calls, "
+            f"t.n_tool_errors, o.outcome, o.outcome_source{label_columns} {base} "
+            "ORDER BY t.end_time_unix_nano DESC, t.trajectory_id LIMIT ? OFFSET ?",
+            [*parameters, limit, offset],
+        )
+        return items, total
+
+    def trajectory(self, trajectory_id: str) -> dict[str, Any] | None:
+        """One trajectory with its conversation, tool calls, tools, labels and outcome evidence."""
+        rows = self.store.query(
+            "SELECT t.*, o.outcome, o.reward, o.outcome_source, o.outcome_detail FROM trajectories t "
+            "JOIN trajectory_outcomes o USING (trajectory_id) WHERE trajectory_id = ?",
+            [trajectory_id],
+        )
+        if not rows:
+            return None
+        trajectory = rows[0]
+        trajectory.pop("updated_at", None)
+        for key, sql in {
+            "messages": "SELECT position, role, content, tool_calls, tool_call_id, name, trace_id, span_id "
+            "FROM messages WHERE trajectory_id = ? ORDER BY position",
+            "tool_calls": "SELECT position, tool_name, call_id, arguments, result, error, source, message_position, "
+            "trace_id, span_id FROM tool_calls WHERE trajectory_id = ? ORDER BY position",
+            "tools": "SELECT tool_name, description, parameters FROM trajectory_tools WHERE trajectory_id = ? "
+            "ORDER BY tool_name",
+            "labels": "SELECT capability, labeler, labeler_version, run, label, reason, span_ids, confidence, labeled_at "
+            "FROM labels WHERE trajectory_id = ? ORDER BY capability, run",
+            "outcome_evidence": "SELECT source, outcome, reward, detail, evidence_id, observed_time_unix_nano FROM outcomes "
+            "WHERE trajectory_id = ? UNION ALL SELECT 'feedback', outcome, reward, comment, feedback_id, "
+            "epoch_ns(recorded_at) FROM feedback WHERE trajectory_id = ? ORDER BY observed_time_unix_nano",
+        }.items():
+            trajectory[key] = self.store.query(sql, [trajectory_id] * sql.count("?"))
+        return trajectory
+
+    def add_feedback(
+        self, feedback_id: str, trajectory_id: str, outcome: str, reward: float | None, comment: str | None, author: str
+    ) -> bool:
+        """Record feedback; False when the trajectory does not exist. Re-sending the same id is idempotent."""
+        with self.store.transaction() as tx:
+            exists = tx.execute("SELECT count(*) FROM trajectories WHERE trajectory_id = ?", [trajectory_id]).fetchone()[0]
+            if not exists:
+                return False
+            tx.execute(
+                "INSERT INTO feedback VALUES (?, ?, ?, ?, ?, ?, now()) ON CONFLICT (feedback_id) DO UPDATE SET "
+                "outcome = excluded.outcome, reward = excluded.reward, comment = excluded.comment, "
+                "author = excluded.author, recorded_at = excluded.recorded_at",
+                [feedback_id, trajectory_id, outcome, reward, comment, author],
+            )
+        return True
+
+    def delete_spans_before(self, cutoff_ns: int) -> tuple[int, int]:
+        """Retention: drop spans and logs that ended before the cutoff; derived tables and labels stay."""
+        with self.store.transaction() as tx:
+            spans = tx.execute("DELETE FROM spans WHERE end_time_unix_nano < ?", [cutoff_ns]).fetchone()[0]
+            logs = tx.execute("DELETE FROM logs WHERE time_unix_nano < ?", [cutoff_ns]).fetchone()[0]
+        return spans, logs

@@ -1,0 +1,207 @@
+"""Capability analysis: label new or changed trajectories, then recompute the contrastive statistics.
+
+Labeling is incremental (only trajectories without a current label, or reassembled since); the
+statistics are one DuckDB query per window over all labels (ER+, ER-, Δ, coverage, Wilson
+intervals, the paper's selection rule and the consistency vote).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import orjson
+
+from daemon import metrics
+from daemon.capabilities import CapabilityRegistry, Judgement, Label, ToolCall, ToolSpec, Trajectory, Turn
+from daemon.settings import AnalysisSettings
+from daemon.store import AnalysisStore, Store
+
+log = logging.getLogger(__name__)
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def window_start_ns(window: str, now_ns: int | None = None) -> int | None:
+    """'all' -> None; '24h', '7d', '90m', '30s' -> the window's start in unix nanoseconds."""
+    if window == "all":
+        return None
+    match = _DURATION.match(window.strip())
+    if not match:
+        raise ValueError(f"window {window!r} is neither 'all' nor a duration like '24h', '7d', '90m'")
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    return now_ns - int(float(match.group(1)) * _SECONDS[match.group(2)] * 1e9)
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return "null"
+
+
+def infer_schemas(observed: list[tuple[str, str]]) -> dict[str, ToolSpec]:
+    """JSON schemas inferred from observed calls: keys seen in (almost) every call are required."""
+    by_tool: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for tool, arguments in observed:
+        try:
+            parsed = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(parsed, dict):
+            by_tool[tool].append(parsed)
+    specs = {}
+    for tool, calls in by_tool.items():
+        types: dict[str, set[str]] = defaultdict(set)
+        present: dict[str, int] = defaultdict(int)
+        for call in calls:
+            for key, value in call.items():
+                types[key].add(_json_type(value))
+                present[key] += 1
+        properties = {}
+        for key, seen in types.items():
+            if seen == {"integer", "number"}:
+                seen = {"number"}
+            properties[key] = {"type": sorted(seen)[0]} if len(seen) == 1 else {}
+        required = sorted(key for key, count in present.items() if count >= 0.95 * len(calls))
+        schema = {"type": "object", "properties": properties, "required": required}
+        specs[tool] = ToolSpec(tool, "", schema)
+    return specs
+
+
+@dataclass(slots=True)
+class AnalysisPass:
+    labeled: int
+    pass_id: int
+    seconds: float
+
+
+class Analyzer:
+    """Runs labeling and statistics passes for every registered capability."""
+
+    def __init__(self, store: Store, registry: CapabilityRegistry, settings: AnalysisSettings) -> None:
+        self.store = AnalysisStore(store)
+        self.registry = registry
+        self.settings = settings
+        for window in settings.windows + [settings.selection_window]:
+            window_start_ns(window)  # invalid windows fail at start, not in the middle of a pass
+
+    def current(self) -> list[tuple[str, str, str]]:
+        return [(c.name, c.labeler.name, c.labeler.version) for c in self.registry]
+
+    def trajectories(self, trajectory_ids: list[str]) -> list[Trajectory]:
+        """The labelers' view of these trajectories, with tool definitions resolved per DESIGN rules."""
+        data = self.store.labeling_inputs(trajectory_ids)
+        turns: dict[str, list[Turn]] = defaultdict(list)
+        for trajectory_id, position, role, content, tool_calls, tool_call_id, span_id in data["messages"]:
+            turns[trajectory_id].append(Turn(position, role, content, orjson.loads(tool_calls), tool_call_id, span_id))
+        calls: dict[str, list[ToolCall]] = defaultdict(list)
+        for trajectory_id, *row in data["tool_calls"]:
+            calls[trajectory_id].append(ToolCall(*row))
+        own: dict[str, dict[str, ToolSpec]] = defaultdict(dict)
+        for trajectory_id, name, description, parameters in data["trajectory_tools"]:
+            own[trajectory_id][name] = ToolSpec(name, description, orjson.loads(parameters) if parameters else None)
+        agent: dict[str, dict[str, ToolSpec]] = defaultdict(dict)
+        for service, name, description, parameters in data["agent_tools"]:
+            agent[service][name] = ToolSpec(name, description, orjson.loads(parameters) if parameters else None)
+        inferred: dict[str, dict[str, ToolSpec]] = {}
+        result = []
+        for row in data["trajectories"]:
+            trajectory_id, service = row["trajectory_id"], row["service_name"]
+            tools, source = own.get(trajectory_id), "trajectory"
+            if not tools:
+                tools, source = agent.get(service), "agent"
+            if not tools and calls.get(trajectory_id):
+                if service not in inferred:
+                    inferred[service] = infer_schemas(self.store.observed_arguments(service))
+                tools, source = inferred[service], "inferred"
+            result.append(
+                Trajectory(
+                    trajectory_id, service, row["outcome"], turns.get(trajectory_id, []),
+                    calls.get(trajectory_id, []), tools or {}, source,
+                )  # fmt: skip
+            )
+        return result
+
+    def label_pass(self) -> int:
+        """Label trajectories that lack a current label; returns how many were labeled."""
+        current = self.current()
+        if not current:
+            return 0
+        ids = self.store.trajectories_to_label(current, self.settings.label_batch)
+        if not ids:
+            return 0
+        now = datetime.now(timezone.utc)
+        batches = {row["trajectory_id"]: row["updated_batch"] for row in self.store.labeling_inputs(ids)["trajectories"]}
+        rows = []
+        for trajectory in self.trajectories(ids):
+            for capability in self.registry:
+                judgement = self._judge(capability.labeler, trajectory)
+                rows.append(
+                    (
+                        trajectory.trajectory_id, capability.name, capability.labeler.name,
+                        capability.labeler.version, 0, judgement.label.value, judgement.reason,
+                        list(judgement.span_ids), judgement.confidence, batches[trajectory.trajectory_id], now,
+                    )  # fmt: skip
+                )
+        self.store.replace_labels(ids, [(c.name, c.labeler.name) for c in self.registry], rows)
+        metrics.LABELS.inc(len(rows))
+        return len(ids)
+
+    @staticmethod
+    def _judge(labeler: Any, trajectory: Trajectory) -> Judgement:
+        try:
+            return labeler.label(trajectory)
+        except Exception as error:  # one broken labeler must not stop the others
+            log.exception("labeler %s failed on %s", labeler.name, trajectory.trajectory_id)
+            metrics.LABEL_ERRORS.labels(labeler.name).inc()
+            return Judgement(Label.NA, f"labeler error: {error}"[:200], (), 0.0)
+
+    def stats_pass(self) -> int:
+        now_ns = time.time_ns()
+        windows = [(window, window_start_ns(window, now_ns)) for window in dict.fromkeys([*self.settings.windows, self.settings.selection_window])]
+        return self.store.compute_stats(
+            self.current(),
+            windows,
+            self.settings.min_delta,
+            self.settings.min_coverage,
+            self.settings.min_failures,
+            self.settings.consistency,
+        )
+
+    def run_pass(self) -> AnalysisPass:
+        """Label until caught up (bounded), then recompute the statistics."""
+        started = time.perf_counter()
+        labeled = 0
+        for _ in range(100):
+            done = self.label_pass()
+            labeled += done
+            if done < self.settings.label_batch:
+                break
+        pass_id = self.stats_pass()
+        for row in self.store.stats(pass_id):
+            if row["window_name"] != self.settings.selection_window:
+                continue
+            labels = (row["capability"],)
+            metrics.CAPABILITY_ER_MINUS.labels(*labels).set(row["er_minus"] or 0)
+            metrics.CAPABILITY_ER_PLUS.labels(*labels).set(row["er_plus"] or 0)
+            metrics.CAPABILITY_DELTA.labels(*labels).set(row["delta"] or 0)
+            metrics.CAPABILITY_COVERAGE.labels(*labels).set(row["coverage"] or 0)
+        seconds = time.perf_counter() - started
+        metrics.ANALYSIS_SECONDS.observe(seconds)
+        return AnalysisPass(labeled, pass_id, seconds)

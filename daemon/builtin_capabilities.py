@@ -1,0 +1,333 @@
+"""The six built-in capabilities of DESIGN.md section 4, as rule labelers.
+
+Each is registered through the ``tracefix.capabilities`` entry point group like any user plugin.
+The rules read only the assembled conversation, tool calls and tool definitions: fast,
+deterministic, no model.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+import orjson
+
+from daemon.capabilities import Capability, Judgement, Label, ToolCall, Trajectory
+from daemon.settings import CapabilitySettings
+
+RULES_VERSION = "1"
+
+# Identifier-like values: a letter-digit mix such as R-48213, ORD5521, a UUID; plain words,
+# plain small numbers and dates are not ids.
+_ID_VALUE = re.compile(r"^(?=.*\d)(?=.*[A-Za-z])[A-Za-z0-9][A-Za-z0-9_\-:.]{2,63}$|^[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}$")
+_DATE_LIKE = re.compile(r"^\d{4}-\d{2}-\d{2}")
+_ID_KEY = re.compile(r"(^|_)(id|ids|number|code|ref|reference)$", re.IGNORECASE)
+_NUMBER = re.compile(r"(?<![\w.])[$€£]?\s?(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?![\w])")
+
+
+def _span(call_or_turn: Any) -> tuple[str, ...]:
+    return (call_or_turn.span_id,) if getattr(call_or_turn, "span_id", None) else ()
+
+
+def _walk(value: Any, key: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(value, dict):
+        for inner_key, inner in value.items():
+            yield from _walk(inner, str(inner_key))
+    elif isinstance(value, list):
+        for inner in value:
+            yield from _walk(inner, key)
+    else:
+        yield key, value
+
+
+def _id_values(arguments: Any) -> list[str]:
+    """Argument values that identify an entity (by their shape, or by a key like `reservation_id`)."""
+    found = []
+    for key, value in _walk(arguments):
+        if isinstance(value, int) and not isinstance(value, bool) and _ID_KEY.search(key) and value > 999:
+            found.append(str(value))
+        elif isinstance(value, str) and not _DATE_LIKE.match(value):
+            if _ID_VALUE.match(value) or (_ID_KEY.search(key) and len(value) >= 3 and " " not in value):
+                found.append(value)
+    return found
+
+
+def _call_key(call: ToolCall) -> tuple[str, str]:
+    parsed = call.parsed_arguments()
+    text = orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode() if parsed is not None else (call.arguments or "")
+    return call.name, text
+
+
+def _turn_of(trajectory: Trajectory, call: ToolCall) -> int:
+    """The conversation position a call happened at (calls without a message come last)."""
+    return call.message_position if call.message_position is not None else len(trajectory.turns)
+
+
+@dataclass(slots=True)
+class ToolCallPrecision:
+    """LACKING when a call names an unknown tool or its arguments fail the tool's JSON schema."""
+
+    name: str = "rules.tool_call_precision"
+    version: str = RULES_VERSION
+
+    def label(self, trajectory: Trajectory) -> Judgement:
+        if not trajectory.tool_calls:
+            return Judgement(Label.NA, "no tool calls")
+        inferred = trajectory.tools_source == "inferred"
+        confidence = 0.6 if inferred else 1.0
+        for call in trajectory.tool_calls:
+            spec = trajectory.tools.get(call.name)
+            if spec is None:
+                if not trajectory.tools:
+                    continue
+                known = ", ".join(sorted(trajectory.tools)[:8])
+                return Judgement(
+                    Label.LACKING, f"call {call.position} names unknown tool {call.name!r} (known: {known})",
+                    _span(call), confidence,
+                )  # fmt: skip
+            arguments = call.parsed_arguments()
+            if arguments is None:
+                return Judgement(
+                    Label.LACKING, f"{call.name} called with arguments that are not JSON", _span(call), confidence
+                )
+            if spec.parameters:
+                try:
+                    jsonschema.validate(arguments, spec.parameters)
+                except jsonschema.ValidationError as error:
+                    where = "/".join(str(part) for part in error.absolute_path) or "arguments"
+                    return Judgement(
+                        Label.LACKING, f"{call.name} arguments fail its schema at {where}: {error.message}",
+                        _span(call), confidence,
+                    )  # fmt: skip
+                except jsonschema.SchemaError:
+                    continue  # the agent's own schema is broken; nothing to hold the call to
+        return Judgement(
+            Label.PRESENT, f"all {len(trajectory.tool_calls)} calls match declared tools and schemas", (), confidence
+        )
+
+
+@dataclass(slots=True)
+class ArgumentGrounding:
+    """LACKING when an id-like argument was never seen in a user turn or an earlier tool result."""
+
+    name: str = "rules.argument_grounding"
+    version: str = RULES_VERSION
+
+    def label(self, trajectory: Trajectory) -> Judgement:
+        grounded_calls = 0
+        for call in trajectory.tool_calls:
+            ids = _id_values(call.parsed_arguments())
+            if not ids:
+                continue
+            position = _turn_of(trajectory, call)
+            seen = [
+                turn.content
+                for turn in trajectory.turns[:position]
+                if turn.role in ("user", "tool", "system")
+            ]
+            seen += [earlier.result or "" for earlier in trajectory.tool_calls[: call.position]]
+            haystack = "\n".join(seen)
+            for value in ids:
+                if value not in haystack:
+                    return Judgement(
+                        Label.LACKING,
+                        f"{call.name} argument {value!r} appears in no user turn or tool result before it",
+                        _span(call),
+                    )
+            grounded_calls += 1
+        if not grounded_calls:
+            return Judgement(Label.NA, "no call takes an identifier")
+        return Judgement(Label.PRESENT, f"identifiers of {grounded_calls} calls come from the context")
+
+
+@dataclass(slots=True)
+class PreconditionVerification:
+    """LACKING when a state-changing tool runs without a prior read or without the user's confirmation."""
+
+    settings: CapabilitySettings
+    name: str = "rules.precondition_verification"
+    version: str = RULES_VERSION
+
+    def changes_state(self, tool: str) -> bool:
+        return tool in self.settings.state_changing_tools or tool.startswith(tuple(self.settings.state_changing_prefixes))
+
+    def confirms(self, text: str) -> bool:
+        lowered = f" {text.lower()} "
+        return any(re.search(rf"(?<![a-z]){re.escape(phrase)}(?![a-z])", lowered) for phrase in self.settings.confirmation_phrases)
+
+    def label(self, trajectory: Trajectory) -> Judgement:
+        writes = [call for call in trajectory.tool_calls if self.changes_state(call.name)]
+        if not writes:
+            return Judgement(Label.NA, "no state-changing tool was called")
+        for write in writes:
+            ids = set(_id_values(write.parsed_arguments()))
+            reads = [
+                call
+                for call in trajectory.tool_calls[: write.position]
+                if not self.changes_state(call.name)
+                and not call.failed
+                and (not ids or ids & set(_id_values(call.parsed_arguments())) or any(i in (call.result or "") for i in ids))
+            ]
+            if not reads:
+                subject = f" of {', '.join(sorted(ids))}" if ids else ""
+                return Judgement(Label.LACKING, f"{write.name} called without a prior read{subject}", _span(write))
+            after_read = _turn_of(trajectory, reads[-1])
+            before_write = _turn_of(trajectory, write)
+            confirmation = [
+                turn for turn in trajectory.turns[after_read:before_write] if turn.role == "user" and self.confirms(turn.content)
+            ]
+            if not confirmation:
+                return Judgement(
+                    Label.LACKING,
+                    f"{write.name} called without the user's confirmation after reading (message {before_write})",
+                    _span(write),
+                )
+        return Judgement(Label.PRESENT, f"{len(writes)} state-changing calls each read first and were confirmed")
+
+
+@dataclass(slots=True)
+class ErrorRecovery:
+    """LACKING when a failing call is repeated unchanged, or the run ends without fixing the error."""
+
+    name: str = "rules.error_recovery"
+    version: str = RULES_VERSION
+
+    def label(self, trajectory: Trajectory) -> Judgement:
+        calls = trajectory.tool_calls
+        failures = [call for call in calls if call.failed]
+        if not failures:
+            return Judgement(Label.NA, "no tool call failed")
+        for failed in failures:
+            later = calls[failed.position + 1 :]
+            repeat = next((call for call in later if _call_key(call) == _call_key(failed) and call.failed), None)
+            if repeat is not None:
+                return Judgement(
+                    Label.LACKING, f"{failed.name} failed and was repeated unchanged (call {repeat.position})",
+                    _span(repeat),
+                )  # fmt: skip
+            if not any(not call.failed for call in later):
+                reason = (failed.error or failed.result or "error")[:80]
+                return Judgement(
+                    Label.LACKING, f"the run ends without a fix after {failed.name} failed: {reason}", _span(failed)
+                )
+        return Judgement(Label.PRESENT, f"recovered from {len(failures)} tool errors")
+
+
+@dataclass(slots=True)
+class MultiStepCompletion:
+    """LACKING when the run stops before its final step, loops, or hits the turn limit."""
+
+    settings: CapabilitySettings
+    name: str = "rules.multi_step_completion"
+    version: str = RULES_VERSION
+
+    def label(self, trajectory: Trajectory) -> Judgement:
+        calls = trajectory.tool_calls
+        repeats = self.settings.loop_repeats
+        run = 1
+        for previous, call in zip(calls, calls[1:]):
+            run = run + 1 if _call_key(call) == _call_key(previous) else 1
+            if run >= repeats:
+                return Judgement(Label.LACKING, f"{call.name} called {run} times in a row with the same arguments", _span(call))
+        if len(calls) < 2:
+            return Judgement(Label.NA, "fewer than two tool calls: not a multi-step task")
+        assistant_turns = [turn for turn in trajectory.turns if turn.role == "assistant"]
+        if self.settings.max_turns and len(assistant_turns) >= self.settings.max_turns:
+            return Judgement(Label.LACKING, f"hit the turn limit of {self.settings.max_turns}", _span(assistant_turns[-1]))
+        last = trajectory.turns[-1] if trajectory.turns else None
+        if last is None:
+            return Judgement(Label.NA, "no conversation recorded")
+        if last.role != "assistant" or last.tool_calls or not last.content.strip():
+            return Judgement(
+                Label.LACKING, f"the run stops after a {last.role} {'tool call' if last.tool_calls else 'turn'} without a final answer",
+                _span(last),
+            )  # fmt: skip
+        return Judgement(Label.PRESENT, f"{len(calls)} dependent calls ran to a final answer")
+
+
+@dataclass(slots=True)
+class StructuredDataReasoning:
+    """LACKING when a number the agent states or writes contradicts the tool results it read."""
+
+    name: str = "rules.structured_data_reasoning"
+    version: str = RULES_VERSION
+
+    def label(self, trajectory: Trajectory) -> Judgement:
+        numbers: list[float] = []
+        for call in trajectory.tool_calls:
+            try:
+                result = orjson.loads(call.result) if call.result else None
+            except orjson.JSONDecodeError:
+                continue
+            numbers += [float(v) for _, v in _walk(result) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if not numbers:
+            return Judgement(Label.NA, "no tool returned numeric records")
+        derivable = set(numbers) | {round(sum(numbers), 2)}
+        derivable |= {round(a + b, 2) for a in numbers for b in numbers} if len(numbers) <= 60 else set()
+        derivable |= {round(a - b, 2) for a in numbers for b in numbers} if len(numbers) <= 60 else set()
+        derivable |= {round(a * b, 2) for a in numbers for b in numbers if a < 1000 and b < 1000} if len(numbers) <= 60 else set()
+        derivable |= {float(len(numbers))}
+        stated = 0
+        for turn in trajectory.turns:
+            if turn.role != "assistant" or not turn.content:
+                continue
+            for match in _NUMBER.finditer(turn.content):
+                text = match.group(0)
+                value = float(match.group(1).replace(",", ""))
+                if not ("$" in text or "€" in text or "£" in text or "." in match.group(1) or value >= 10):
+                    continue  # small bare integers are usually counts or list markers
+                stated += 1
+                if not any(abs(value - known) < 0.011 for known in derivable):
+                    return Judgement(
+                        Label.LACKING, f"states {text.strip()} which no returned record supports (message {turn.position})",
+                        _span(turn),
+                    )  # fmt: skip
+        if not stated:
+            return Judgement(Label.NA, "no number stated from the records")
+        return Judgement(Label.PRESENT, f"{stated} stated numbers match the returned records")
+
+
+DESCRIPTIONS = {
+    "tool_call_precision": "Calls only declared tools, with arguments that satisfy each tool's JSON schema.",
+    "argument_grounding": "Takes identifiers for tool arguments from the user or from earlier tool results, never invents them.",
+    "precondition_verification": "Before a state-changing call, reads the entity and gets the user's explicit confirmation.",
+    "error_recovery": "After a tool error, changes course (fixes the call or tries another way) instead of repeating or giving up.",
+    "multi_step_completion": "Carries a chain of dependent tool calls through to the final step and answer, without looping.",
+    "structured_data_reasoning": "States and writes values that agree with the JSON records the tools returned.",
+}
+
+
+def tool_call_precision(settings: CapabilitySettings) -> Capability:
+    return Capability("tool_call_precision", DESCRIPTIONS["tool_call_precision"], ToolCallPrecision(), "tool_call_precision", True)
+
+
+def argument_grounding(settings: CapabilitySettings) -> Capability:
+    return Capability("argument_grounding", DESCRIPTIONS["argument_grounding"], ArgumentGrounding(), "argument_grounding", True)
+
+
+def precondition_verification(settings: CapabilitySettings) -> Capability:
+    return Capability(
+        "precondition_verification", DESCRIPTIONS["precondition_verification"],
+        PreconditionVerification(settings), "precondition_verification", True,
+    )  # fmt: skip
+
+
+def error_recovery(settings: CapabilitySettings) -> Capability:
+    return Capability("error_recovery", DESCRIPTIONS["error_recovery"], ErrorRecovery(), "error_recovery", True)
+
+
+def multi_step_completion(settings: CapabilitySettings) -> Capability:
+    return Capability(
+        "multi_step_completion", DESCRIPTIONS["multi_step_completion"], MultiStepCompletion(settings),
+        "multi_step_completion", True,
+    )  # fmt: skip
+
+
+def structured_data_reasoning(settings: CapabilitySettings) -> Capability:
+    return Capability(
+        "structured_data_reasoning", DESCRIPTIONS["structured_data_reasoning"], StructuredDataReasoning(),
+        "structured_data_reasoning", True,
+    )  # fmt: skip

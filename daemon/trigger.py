@@ -1,0 +1,133 @@
+"""The trigger policy: a per-capability state machine that turns a held gap into one training request.
+
+healthy → watching → gap_detected (emits one training request) → … (environment, training and
+candidate states belong to later stages) → cooldown → healthy. A gap must be selected in
+`hold_passes` consecutive statistics passes before it fires; after a promotion or rejection the
+capability rests in cooldown. Every transition is recorded with its reason and statistics.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import orjson
+
+from daemon import metrics
+from daemon.capabilities import CapabilityRegistry
+from daemon.settings import AnalysisSettings, TriggerSettings
+from daemon.store import AnalysisStore, Store
+
+log = logging.getLogger(__name__)
+
+HEALTHY, WATCHING, GAP_DETECTED, COOLDOWN = "healthy", "watching", "gap_detected", "cooldown"
+# States owned by later stages; the trigger leaves a capability in them alone.
+PIPELINE_STATES = frozenset({GAP_DETECTED, "environment", "training", "evaluating", "candidate", "live"})
+STATES = (HEALTHY, WATCHING, GAP_DETECTED, "environment", "training", "evaluating", "candidate", "live", COOLDOWN)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    capability: str
+    from_state: str
+    to_state: str
+    reason: str
+
+
+def _summary(stats: dict[str, Any]) -> str:
+    def number(value: Any) -> str:
+        return "n/a" if value is None else f"{value:.2f}"
+
+    return (
+        f"Δ={number(stats['delta'])} (ER-={number(stats['er_minus'])}, ER+={number(stats['er_plus'])}), "
+        f"coverage={number(stats['coverage'])}, {stats['needed_failure']} failed runs need it"
+    )
+
+
+def _stats_json(stats: dict[str, Any]) -> str:
+    return orjson.dumps({key: value for key, value in stats.items() if key != "computed_at"}).decode()
+
+
+class Trigger:
+    """Consumes each new statistics pass exactly once and moves capability states."""
+
+    def __init__(
+        self, store: Store, registry: CapabilityRegistry, analysis: AnalysisSettings, settings: TriggerSettings
+    ) -> None:
+        self.store = AnalysisStore(store)
+        self.registry = registry
+        self.analysis = analysis
+        self.settings = settings
+
+    def _gap_signal(self, stats: dict[str, Any]) -> bool:
+        delta, coverage = stats["delta"], stats["coverage"]
+        return delta is not None and coverage is not None and delta >= self.analysis.min_delta and coverage >= self.analysis.min_coverage
+
+    def run_pass(self, now: datetime | None = None) -> list[Transition]:
+        now = now or datetime.now(timezone.utc)
+        rows = [row for row in self.store.stats() if row["window_name"] == self.analysis.selection_window]
+        if not rows:
+            return []
+        pass_id = rows[0]["pass_id"]
+        by_capability = {row["capability"]: row for row in rows}
+        states = self.store.states()
+        transitions = []
+        for capability in self.registry.names():
+            state = states.get(capability) or {"state": HEALTHY, "consecutive": 0, "last_pass_id": 0, "cooldown_until": None}
+            if state["last_pass_id"] >= pass_id:
+                continue  # this pass was already consumed
+            stats = by_capability.get(capability)
+            transition = self._step(capability, state, stats, pass_id, now)
+            if transition:
+                transitions.append(transition)
+        for capability, state in self.store.states().items():
+            for name in STATES:
+                metrics.CAPABILITY_STATE.labels(capability, name).set(1 if state["state"] == name else 0)
+        return transitions
+
+    def _step(
+        self, capability: str, state: dict[str, Any], stats: dict[str, Any] | None, pass_id: int, now: datetime
+    ) -> Transition | None:
+        current, consecutive = state["state"], state["consecutive"]
+        stats_json = _stats_json(stats) if stats else None
+
+        def move(to: str, reason: str, count: int = 0, cooldown_until: Any = None) -> Transition | None:
+            self.store.transition(capability, current, to, reason, count, pass_id, stats_json, cooldown_until)
+            if to != current:
+                log.info("capability %s: %s -> %s (%s)", capability, current, to, reason)
+                return Transition(capability, current, to, reason)
+            return None
+
+        if current == COOLDOWN:
+            until = state["cooldown_until"]
+            if until is not None and until.tzinfo is None:
+                until = until.replace(tzinfo=timezone.utc)
+            if until is None or now >= until:
+                return move(HEALTHY, "cool-down over")
+            return move(COOLDOWN, state.get("reason") or "cooling down", 0, until)
+        if current in PIPELINE_STATES:
+            return move(current, state.get("reason") or current, consecutive)
+        if stats is None:
+            return move(HEALTHY, "no labeled trajectories in the window")
+        if stats["selected"]:
+            consecutive += 1
+            if consecutive >= self.settings.hold_passes:
+                if self.store.open_training_request(capability) is None:
+                    reason = f"gap held {consecutive} passes: {_summary(stats)}"
+                    self.store.create_training_request(capability, "trigger", reason, "trigger", stats_json)
+                    metrics.TRAINING_REQUESTS.labels(capability, "trigger").inc()
+                return move(GAP_DETECTED, f"gap held {consecutive} passes: {_summary(stats)}", consecutive)
+            return move(WATCHING, f"selected {consecutive}/{self.settings.hold_passes} passes: {_summary(stats)}", consecutive)
+        if self._gap_signal(stats):
+            reason = f"gap without enough evidence (need {self.analysis.min_failures} failed runs): {_summary(stats)}"
+            return move(WATCHING, reason, 0)
+        return move(HEALTHY, f"no gap: {_summary(stats)}", 0)
+
+    def start_cooldown(self, capability: str, reason: str, now: datetime | None = None) -> None:
+        """Called by later stages after a promotion or rejection."""
+        now = now or datetime.now(timezone.utc)
+        state = self.store.states().get(capability, {"state": HEALTHY, "last_pass_id": 0})
+        until = now + timedelta(hours=self.settings.cooldown_hours)
+        self.store.transition(capability, state["state"], COOLDOWN, reason, 0, state["last_pass_id"], None, until)
