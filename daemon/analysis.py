@@ -151,26 +151,28 @@ class Analyzer:
         rows = []
         for trajectory in self.trajectories(ids):
             for capability in self.registry:
-                judgement = self._judge(capability.labeler, trajectory)
-                rows.append(
-                    (
-                        trajectory.trajectory_id, capability.name, capability.labeler.name,
-                        capability.labeler.version, 0, judgement.label.value, judgement.reason,
-                        list(judgement.span_ids), judgement.confidence, batches[trajectory.trajectory_id], now,
-                    )  # fmt: skip
-                )
+                for run, judgement in enumerate(self._judge(capability.labeler, trajectory)):
+                    rows.append(
+                        (
+                            trajectory.trajectory_id, capability.name, capability.labeler.name,
+                            capability.labeler.version, run, judgement.label.value, judgement.reason,
+                            list(judgement.span_ids), judgement.confidence, batches[trajectory.trajectory_id], now,
+                        )  # fmt: skip
+                    )
         self.store.replace_labels(ids, [(c.name, c.labeler.name) for c in self.registry], rows)
         metrics.LABELS.inc(len(rows))
         return len(ids)
 
     @staticmethod
-    def _judge(labeler: Any, trajectory: Trajectory) -> Judgement:
+    def _judge(labeler: Any, trajectory: Trajectory) -> list[Judgement]:
         try:
-            return labeler.label(trajectory)
+            if hasattr(labeler, "label_runs"):
+                return labeler.label_runs(trajectory)
+            return [labeler.label(trajectory)]
         except Exception as error:  # one broken labeler must not stop the others
             log.exception("labeler %s failed on %s", labeler.name, trajectory.trajectory_id)
             metrics.LABEL_ERRORS.labels(labeler.name).inc()
-            return Judgement(Label.NA, f"labeler error: {error}"[:200], (), 0.0)
+            return [Judgement(Label.ERROR, f"labeler error: {error}"[:200], (), 0.0)]
 
     def stats_pass(self) -> int:
         now_ns = time.time_ns()

@@ -27,6 +27,7 @@ class Label(StrEnum):
     NA = "NA"  # the task did not need the capability
     PRESENT = "PRESENT"  # needed and exercised
     LACKING = "LACKING"  # needed and not exercised
+    ERROR = "ERROR"  # the labeler could not decide (e.g. invalid LLM output); excluded from statistics
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,12 @@ class Trajectory:
 
 
 class Labeler(Protocol):
+    """Labels one (trajectory, capability) pair.
+
+    A labeler that samples (an LLM) may also define ``label_runs(trajectory) -> list[Judgement]``
+    returning one judgement per repeated run; the statistics vote over runs.
+    """
+
     name: str
     version: str
 

@@ -105,6 +105,122 @@ def status(config_path: Path | None, as_json: bool) -> None:
         console.print(f"{name}: {url}")
 
 
+def _client_call(config_path: Path | None, method: str, path: str, body: Any = None, **params: Any) -> Any:
+    from daemon.client import ApiError, DaemonClient, DaemonUnavailable
+
+    client = DaemonClient(_settings(config_path))
+    try:
+        if method == "GET":
+            return client.get(path, **{key: value for key, value in params.items() if value is not None})
+        return client.post(path, body)
+    except (DaemonUnavailable, ApiError) as error:
+        raise click.ClickException(str(error)) from None
+    finally:
+        client.close()
+
+
+def _rate(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def _interval(low: float | None, high: float | None) -> str:
+    return "" if low is None else f" [{low:.2f}–{high:.2f}]"
+
+
+@main.command()
+@config_option
+@json_option
+@click.option("--window", default=None, help="Statistics window to show (default: the selection window).")
+def capabilities(config_path: Path | None, as_json: bool, window: str | None) -> None:
+    """Per-capability gap statistics, selection and trigger state."""
+    data = _client_call(config_path, "GET", "/api/capabilities")
+    items = data["items"]
+    if as_json:
+        _print_json(items)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    settings = _settings(config_path)
+    window = window or settings.analysis.selection_window
+    table = Table(title=f"capabilities (window: {window})")
+    for column in ("rank", "capability", "state", "ER+ (succ.)", "ER- (fail.)", "Δ", "coverage", "failures", "failure rate"):
+        table.add_column(column)
+    for item in items:
+        stats = item["windows"].get(window) or {}
+        style = "bold red" if item["selected"] else None
+        table.add_row(
+            str(item["rank"] or ""),
+            item["name"],
+            item["state"],
+            _rate(stats.get("er_plus")) + _interval(stats.get("er_plus_low"), stats.get("er_plus_high")),
+            _rate(stats.get("er_minus")) + _interval(stats.get("er_minus_low"), stats.get("er_minus_high")),
+            _rate(stats.get("delta")),
+            _rate(stats.get("coverage")),
+            f"{stats.get('lacking_failure', 0)}/{stats.get('needed_failure', 0)}",
+            _rate(stats.get("failure_rate")) + _interval(stats.get("failure_rate_low"), stats.get("failure_rate_high")),
+            style=style,
+        )
+    console = Console()
+    console.print(table)
+    for item in items:
+        if item["selected"] or item["state"] != "healthy":
+            console.print(f"[bold]{item['name']}[/bold] {item['state']}: {item['state_reason']}")
+
+
+@main.command()
+@config_option
+@json_option
+@click.option("--capability", default=None, help="Show this capability's label and evidence.")
+@click.option("--label", type=click.Choice(["NA", "PRESENT", "LACKING"]), default=None)
+@click.option("--outcome", type=click.Choice(["success", "failure", "unknown"]), default=None)
+@click.option("--service", default=None, help="Only this agent (service.name).")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 500))
+@click.option("--offset", default=0, type=click.IntRange(0))
+def trajectories(
+    config_path: Path | None,
+    as_json: bool,
+    capability: str | None,
+    label: str | None,
+    outcome: str | None,
+    service: str | None,
+    limit: int,
+    offset: int,
+) -> None:
+    """List trajectories, with a capability's label and the evidence for it."""
+    if label and not capability:
+        raise click.UsageError("--label needs --capability")
+    data = _client_call(
+        config_path, "GET", "/api/trajectories",
+        capability=capability, label=label, outcome=outcome, service=service, limit=limit, offset=offset,
+    )  # fmt: skip
+    if as_json:
+        _print_json(data)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{data['total']} trajectories (showing {len(data['items'])} from {offset})")
+    for column in ("trajectory", "agent", "outcome", "tool calls", *(("label", "evidence") if capability else ())):
+        table.add_column(column, overflow="fold")
+    for item in data["items"]:
+        row = [item["trajectory_id"], item["service_name"], item["outcome"], str(item["n_tool_calls"])]
+        if capability:
+            spans = ", ".join(item["span_ids"] or [])
+            row += [item["label"] or "", f"{item['reason']}" + (f" (span {spans})" if spans else "")]
+        table.add_row(*row)
+    Console().print(table)
+
+
+@main.command()
+@config_option
+@click.option("--capability", default=None, help="Only this capability (default: all).")
+def relabel(config_path: Path | None, capability: str | None) -> None:
+    """Drop stored labels so the next analysis pass labels again (after a detector change)."""
+    data = _client_call(config_path, "POST", "/api/relabel", {"capability": capability})
+    click.echo(f"removed {data['labels_removed']} labels; the next analysis pass relabels")
+
+
 @main.command(name="import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @config_option

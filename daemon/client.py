@@ -23,7 +23,10 @@ class DaemonClient:
     def __init__(self, settings: Settings, timeout_s: float = 10.0) -> None:
         host = settings.api.host if settings.api.host not in ("0.0.0.0", "::") else "127.0.0.1"
         self.base_url = f"http://{host}:{settings.api.port}"
-        headers = {"Authorization": f"Bearer {settings.api.token}"} if settings.api.token else {}
+        from daemon.api import api_token
+
+        token = api_token(settings)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
 
     def get(self, path: str, **params: Any) -> Any:

@@ -199,7 +199,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             labeler VARCHAR NOT NULL,
             labeler_version VARCHAR NOT NULL,
             run INTEGER NOT NULL,
-            label VARCHAR NOT NULL CHECK (label IN ('NA', 'PRESENT', 'LACKING')),
+            label VARCHAR NOT NULL CHECK (label IN ('NA', 'PRESENT', 'LACKING', 'ERROR')),  -- ERROR: no usable verdict
             reason VARCHAR NOT NULL,
             span_ids VARCHAR[] NOT NULL,
             confidence DOUBLE NOT NULL,

@@ -516,6 +516,7 @@ class AnalysisStore:
                         FROM labels l
                         JOIN {_CURRENT} c USING (capability, labeler, labeler_version)
                         JOIN traj USING (trajectory_id)
+                        WHERE l.label <> 'ERROR'
                     ),
                     voted AS (
                         SELECT capability, trajectory_id, any_value(outcome) AS outcome, mode(label) AS label
