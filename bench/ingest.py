@@ -827,6 +827,26 @@ class Daemon:
         wal = self.db_path.with_name(self.db_path.name + ".wal")
         return sum(path.stat().st_size for path in (self.db_path, wal) if path.exists())
 
+    def checkpointed_bytes(self) -> int:
+        """Size once the WAL is folded in (the daemon may exit without checkpointing)."""
+        import duckdb
+
+        with duckdb.connect(str(self.db_path)) as connection:
+            connection.execute("CHECKPOINT")
+        return self.file_bytes()
+
+
+def _wait_assembled(daemon: Daemon, limit_s: float) -> float | None:
+    """Seconds until the assembler has caught up with every commit; None if it did not within limit_s."""
+    started = time.monotonic()
+    while True:
+        ingest = daemon.get("/api/status")["ingest"]
+        if ingest["assembled_batch"] >= ingest["committed_batch"] and ingest["writer_queue_rows"] == 0:
+            return round(time.monotonic() - started, 1)
+        if time.monotonic() - started > limit_s:
+            return None
+        time.sleep(0.25)
+
 
 def _metric_samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     samples = []
@@ -904,8 +924,12 @@ def run_once(transport: str, args: argparse.Namespace, repeat: int) -> dict[str,
         log(f"{transport} #{repeat + 1}: {args.clients} clients, warm-up {args.warmup:g} s, measuring {args.seconds:g} s")
         time.sleep(max(0.0, measure_from - time.monotonic()))
         server_cpu_start = _proc_cpu_seconds(daemon.pid)
+        if profile_path is not None:
+            _request_profile_snapshot(daemon, Path(f"{profile_path}.1"))
         time.sleep(max(0.0, measure_to - time.monotonic()))
         server_cpu_window = _proc_cpu_seconds(daemon.pid) - server_cpu_start
+        if profile_path is not None:
+            _request_profile_snapshot(daemon, Path(f"{profile_path}.2"))
         done = []
         deadline = time.monotonic() + EXPORT_TIMEOUT_S * 3
         while len(done) < args.clients:
@@ -915,6 +939,7 @@ def run_once(transport: str, args: argparse.Namespace, repeat: int) -> dict[str,
             done.append(payload)
         for process in clients:
             process.join(30)
+        assembler_catchup_s = _wait_assembled(daemon, args.assembler_wait)
         status = daemon.get("/api/status")
         metrics = _server_metrics(daemon.get("/metrics"))
         peak_rss_kb = _proc_status_kb(daemon.pid, "VmHWM")
@@ -927,7 +952,8 @@ def run_once(transport: str, args: argparse.Namespace, repeat: int) -> dict[str,
         if daemon.process is not None:
             returncode = daemon.stop()
     load_after = os.getloadavg()
-    closed_bytes = daemon.file_bytes()
+    exit_bytes = daemon.file_bytes()
+    closed_bytes = daemon.checkpointed_bytes()
     acked = sum(client["acked_spans"] for client in done)
     stored = status["counts"]["spans"]
     latencies = [latency for client in done for latency in client["latencies"]]
@@ -953,12 +979,16 @@ def run_once(transport: str, args: argparse.Namespace, repeat: int) -> dict[str,
         "server_cpu_total_s": round(server_cpu_total, 2),
         "server_peak_rss_mb": round(peak_rss_kb / 1024, 1),
         "db_bytes_live": live_bytes,
-        "db_bytes_closed": closed_bytes,
+        "db_bytes_at_exit": exit_bytes,
+        "db_bytes_checkpointed": closed_bytes,
         "db_mb_per_million_spans": round(closed_bytes / stored * 1e6 / 2**20, 1) if stored else None,
         "protobuf_bytes_per_span": round(shape["protobuf_bytes_per_batch"] / shape["spans_per_batch"]),
         "json_bytes_per_span": round(shape["json_bytes_per_batch"] / shape["spans_per_batch"]),
         "trajectories_per_batch": shape["trajectories_per_batch"],
         "server": metrics,
+        "assembler_catchup_s": assembler_catchup_s,
+        "assembled": status["ingest"]["assembled_batch"] >= status["ingest"]["committed_batch"],
+        "trajectories": status["counts"]["trajectories"],
         "daemon_exit_code": returncode,
         "load_before": [round(value, 2) for value in load_before],
         "load_after": [round(value, 2) for value in load_after],
@@ -967,7 +997,12 @@ def run_once(transport: str, args: argparse.Namespace, repeat: int) -> dict[str,
     if retries:
         result["client_retries"] = sum(retries)
     if profile_path is not None:
-        result["profile"] = _profile_summary(profile_path)
+        result["profile"] = {
+            "measured_window": _profile_summary(
+                Path(f"{profile_path}.1"), Path(f"{profile_path}.2"), f"{transport} measured window"
+            ),
+            "whole_run": _profile_summary(None, profile_path, f"{transport} whole run incl. assembly catch-up", top=15),
+        }
     log(
         f"{transport} #{repeat + 1}: {result['spans_per_s']:.0f} spans/s, p50 {result['p50_ms']} ms, "
         f"p99 {result['p99_ms']} ms, failed {result['failed_exports']}, stored {stored}/{acked}, "
@@ -993,21 +1028,35 @@ class _Snapshot:
         pass
 
 
-def serve_profiled(config_path: str, output_path: str) -> None:
-    """Run the daemon with a cProfile profiler in every thread (CPU time per thread), merged at exit."""
-    import cProfile
+def _dump_profiles(profilers: list[Any], path: str) -> None:
     import pstats
+
+    merged = pstats.Stats()
+    for profiler in list(profilers):
+        profiler.snapshot_stats()  # also works for profilers of threads still running
+        if profiler.stats:
+            merged.add(_Snapshot(profiler.stats))
+    merged.dump_stats(path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def serve_profiled(config_path: str, output_path: str) -> None:
+    """Run the daemon with a cProfile profiler (thread CPU clock) in every thread.
+
+    SIGUSR1 writes a merged snapshot to OUTPUT.1, OUTPUT.2, ... so the bench can take the measured
+    window alone; the whole run is written to OUTPUT at exit.
+    """
+    import cProfile
+    import itertools
     import threading
 
     sys.path.insert(0, str(REPO))
     profilers: list[cProfile.Profile] = []
-    lock = threading.Lock()
     original_run = threading.Thread.run
 
     def profiled_run(self: threading.Thread) -> None:
         profiler = cProfile.Profile(time.thread_time)
-        with lock:
-            profilers.append(profiler)
+        profilers.append(profiler)
         profiler.enable()
         try:
             original_run(self)
@@ -1015,6 +1064,11 @@ def serve_profiled(config_path: str, output_path: str) -> None:
             profiler.disable()
 
     threading.Thread.run = profiled_run  # type: ignore[method-assign]
+    snapshots = itertools.count(1)
+    signal.signal(signal.SIGUSR1, lambda number, frame: _dump_profiles(profilers, f"{output_path}.{next(snapshots)}"))
+    # uvicorn re-raises the SIGTERM it handled once it has shut down, with the handler that was there
+    # before it; a no-op one lets the daemon's own shutdown and the final dump run.
+    signal.signal(signal.SIGTERM, lambda number, frame: None)
     from daemon.cli import main
 
     profiler = cProfile.Profile(time.thread_time)
@@ -1024,38 +1078,48 @@ def serve_profiled(config_path: str, output_path: str) -> None:
         main(["daemon", "--config", config_path], standalone_mode=False)
     finally:
         profiler.disable()
-        merged = pstats.Stats()
-        with lock:
-            for each in profilers:
-                each.snapshot_stats()  # also works for threads still running (daemon threads)
-                if each.stats:
-                    merged.add(_Snapshot(each.stats))
-        merged.dump_stats(output_path)
+        _dump_profiles(profilers, output_path)
 
 
-def _profile_summary(path: Path, top: int = 25) -> dict[str, Any]:
-    import io
+def _request_profile_snapshot(daemon: Daemon, path: Path, timeout_s: float = 30.0) -> bool:
+    os.kill(daemon.pid, signal.SIGUSR1)
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _profile_summary(before: Path | None, after: Path, title: str, top: int = 25) -> dict[str, Any]:
+    """Top functions by cumulative and by own thread-CPU time between two snapshots (or in one)."""
     import pstats
 
-    if not path.exists():
-        return {"error": "the daemon wrote no profile"}
-    stats = pstats.Stats(str(path))
-    stats.strip_dirs()
-
-    def rows(order: str) -> list[list[Any]]:
-        stats.sort_stats(order)
-        table = []
-        for function in stats.fcn_list[:top]:  # type: ignore[attr-defined]
-            calls, primitive, own, cumulative, _ = stats.stats[function]  # type: ignore[attr-defined]
+    if not after.exists() or (before is not None and not before.exists()):
+        return {"error": f"the daemon wrote no profile for {title}"}
+    late = pstats.Stats(str(after)).stats  # type: ignore[attr-defined]
+    early = pstats.Stats(str(before)).stats if before is not None else {}  # type: ignore[attr-defined]
+    rows = []
+    for function, (_, calls, own, cumulative, _callers) in late.items():
+        _, calls_before, own_before, cumulative_before, _ = early.get(function, (0, 0, 0.0, 0.0, None))
+        if calls - calls_before or own - own_before:
             file, line, name = function
-            table.append([calls, round(own, 3), round(cumulative, 3), f"{file}:{line}({name})"])
-        return table
-
-    for order in ("cumulative", "tottime"):
-        text = io.StringIO()
-        pstats.Stats(str(path), stream=text).strip_dirs().sort_stats(order).print_stats(top)
-        log(f"server profile (thread CPU seconds), top {top} by {order}:\n{text.getvalue()}")
-    return {"clock": "thread CPU time, all threads", "top_cumulative": rows("cumulative"), "top_tottime": rows("tottime")}
+            where = f"{Path(file).name}:{line}({name})" if file != "~" else name
+            rows.append([calls - calls_before, round(own - own_before, 3), round(cumulative - cumulative_before, 3), where])
+    total = round(sum(row[1] for row in rows), 2)
+    by_cumulative = sorted(rows, key=lambda row: row[2], reverse=True)[:top]
+    by_own = sorted(rows, key=lambda row: row[1], reverse=True)[:top]
+    for order, table in (("cumulative", by_cumulative), ("own (tottime)", by_own)):
+        lines = [f"{'ncalls':>9} {'tottime':>8} {'cumtime':>8}  function"]
+        lines += [f"{calls:>9} {own:>8.3f} {cumulative:>8.3f}  {where}" for calls, own, cumulative, where in table]
+        log(f"server profile, {title} ({total} s of Python thread CPU), top {top} by {order}:\n" + "\n".join(lines))
+    return {
+        "window": title,
+        "clock": "CPU time of each Python thread (DuckDB's own worker threads are not seen)",
+        "python_thread_cpu_s": total,
+        "top_cumulative": by_cumulative,
+        "top_tottime": by_own,
+    }
 
 
 # -- summary -----------------------------------------------------------------------------------
@@ -1129,6 +1193,9 @@ def main(argv: list[str] | None = None) -> int:
         default="sdk",
         help="sdk: the official exporters encode every batch (the measure); reuse: a diagnostic client that "
         "encodes each template once and rewrites ids, so the receiver is measured without the client's cost",
+    )
+    parser.add_argument(
+        "--assembler-wait", type=float, default=30.0, help="seconds to let trajectory assembly catch up before sizing"
     )
     parser.add_argument("--profile-server", action="store_true", help="run the daemon under cProfile (all threads)")
     parser.add_argument("--keep", action="store_true", help="keep each run's temporary directory")

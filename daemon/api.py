@@ -61,21 +61,24 @@ class Relabel(BaseModel):
     capability: str | None = None
 
 
+def authorized(request: Request) -> str:
+    """The caller's name, for mutating calls; 401 without the right bearer token."""
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(credentials.strip(), request.app.state.api_token):
+        raise HTTPException(401, "missing or wrong bearer token (see [api] token or <store dir>/api.token)")
+    return "api-token"
+
+
+Caller = Annotated[str, Depends(authorized)]
+Limit = Annotated[int, Query(ge=1)]
+Offset = Annotated[int, Query(ge=0)]
+
+
 def create_api(daemon: Daemon) -> FastAPI:
     """The FastAPI application of one running daemon."""
     api = FastAPI(title="tracefix daemon", version=VERSION)
-    token = api_token(daemon.settings, create=True)
+    api.state.api_token = api_token(daemon.settings, create=True)
     max_page = daemon.settings.api.max_page
-
-    def authorized(request: Request) -> str:
-        scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(credentials.strip(), token):
-            raise HTTPException(401, "missing or wrong bearer token (see [api] token or <store dir>/api.token)")
-        return "api-token"
-
-    Caller = Annotated[str, Depends(authorized)]
-    Limit = Annotated[int, Query(ge=1, le=max_page)]
-    Offset = Annotated[int, Query(ge=0)]
 
     @api.get("/healthz")
     def healthz() -> JSONResponse:
@@ -163,6 +166,8 @@ def create_api(daemon: Daemon) -> FastAPI:
         limit: Limit = 50,
         offset: Offset = 0,
     ) -> dict[str, Any]:
+        if limit > max_page:
+            raise HTTPException(422, f"limit must be at most {max_page}")
         if label is not None and capability is None:
             raise HTTPException(422, "filtering by label needs a capability")
         if capability is not None and capability not in daemon.registry:

@@ -121,6 +121,20 @@ class RunningDaemon:
                 raise TimeoutError(f"assembly did not catch up: {ingest}")
             time.sleep(0.1)
 
+    def wait_analyzed(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Wait for an analysis pass that started after everything sent so far was assembled."""
+        self.wait_assembled(timeout_s)
+        analysis = self.status()["analysis"]
+        target = (analysis["pass_id"] if analysis else 0) + 2
+        deadline = time.monotonic() + timeout_s
+        while True:
+            analysis = self.status()["analysis"]
+            if analysis and analysis["pass_id"] >= target:
+                return analysis
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no analysis pass after assembly: {analysis}")
+            time.sleep(0.1)
+
     def query(self, sql: str) -> list[tuple]:
         """Read the database directly; only valid while the daemon is stopped (DuckDB allows one writer)."""
         import duckdb

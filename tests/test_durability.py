@@ -64,7 +64,7 @@ def test_every_acknowledged_span_survives_sigkill_mid_stream(tmp_path: Path) -> 
     _, _, document = simple_json_trace(2, service_name="after-restart")
     assert post(f"{daemon.http_url}/v1/traces", json_bytes(document), JSON).status_code == 200
     assembled = daemon.wait_assembled()
-    assert daemon.stop() == 0
+    daemon.stop()
 
     stored = dict(daemon.query("SELECT trace_id, count(DISTINCT span_id) FROM spans GROUP BY trace_id"))
     lost = {trace_id: (count, stored.get(trace_id, 0)) for trace_id, count in acknowledged.items() if stored.get(trace_id) != count}
@@ -74,14 +74,14 @@ def test_every_acknowledged_span_survives_sigkill_mid_stream(tmp_path: Path) -> 
     assert daemon.query("SELECT count(*) FROM trajectories") == [(len(stored),)]
 
 
-def test_sigterm_drains_and_restart_reopens_the_same_database(tmp_path: Path) -> None:
+def test_restart_after_sigterm_reopens_the_same_database_and_keeps_accepting(tmp_path: Path) -> None:
     daemon = make_daemon(tmp_path).start()
     for _ in range(3):
         _, _, document = simple_json_trace(4)
         assert post(f"{daemon.http_url}/v1/traces", json_bytes(document), JSON).status_code == 200
     before = daemon.wait_assembled()
 
-    assert daemon.stop(signal.SIGTERM) == 0
+    daemon.stop(signal.SIGTERM)
     daemon.start()
 
     after = daemon.status()
@@ -95,6 +95,22 @@ def test_sigterm_drains_and_restart_reopens_the_same_database(tmp_path: Path) ->
     assert span_count(daemon) == 16
     assert daemon.wait_assembled()["counts"]["trajectories"] == 4
     daemon.stop()
+
+
+def test_sigterm_runs_the_drain_closes_the_database_and_exits_cleanly(tmp_path: Path) -> None:
+    daemon = make_daemon(tmp_path).start()
+    _, _, document = simple_json_trace(3)
+    assert post(f"{daemon.http_url}/v1/traces", json_bytes(document), JSON).status_code == 200
+
+    returncode = daemon.stop(signal.SIGTERM)
+
+    # The drain (receivers, scheduler, writer, then the store) logs its end; closing DuckDB checkpoints
+    # the write-ahead log into the file.
+    assert "tracefix daemon stopped" in daemon.log_path.read_text()
+    wal = daemon.db_path.with_name(daemon.db_path.name + ".wal")
+    assert not wal.exists() or wal.stat().st_size == 0
+    assert returncode == 0
+    assert daemon.query("SELECT count(*) FROM spans") == [(3,)]
 
 
 def test_second_daemon_on_the_same_database_exits_with_a_message_instead_of_a_traceback(tmp_path: Path) -> None:
