@@ -61,6 +61,11 @@ class Relabel(BaseModel):
     capability: str | None = None
 
 
+class Discover(BaseModel):
+    samples: int = Field(default=4, ge=1, le=20, description="Trajectories of each outcome shown to the model.")
+    max_capabilities: int = Field(default=10, ge=1, le=10)
+
+
 def authorized(request: Request) -> str:
     """The caller's name, for mutating calls; 401 without the right bearer token."""
     scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
@@ -156,6 +161,31 @@ def create_api(daemon: Daemon) -> FastAPI:
             raise HTTPException(404, f"unknown capability {capability!r}")
         removed = daemon.analysis_store.forget_labels(capability)
         return {"labels_removed": removed, "capability": capability}
+
+    @api.post("/api/capabilities/discover")
+    def discover(caller: Caller, body: Discover | None = None) -> dict[str, Any]:
+        """Ask the [llm] endpoint for capabilities whose absence explains failures (the paper's discovery step)."""
+        from daemon.llm_labeler import ChatClient, LLMOutputError, LLMUnavailable, discover_capabilities
+
+        body = body or Discover()
+        store = daemon.analysis_store
+        failures = daemon.analyzer.trajectories(store.sample_trajectories("failure", body.samples * 3))
+        successes = daemon.analyzer.trajectories(store.sample_trajectories("success", body.samples * 3))
+        if not failures or not successes:
+            raise HTTPException(409, "discovery needs both failed and successful trajectories; send more traces first")
+        known = {capability.name: capability.description for capability in daemon.registry}
+        try:
+            with ChatClient.from_settings(daemon.settings.llm) as client:
+                proposals = discover_capabilities(
+                    client, successes, failures, body.max_capabilities, daemon.settings.llm,
+                    known=known, samples_per_outcome=body.samples,
+                )  # fmt: skip
+        except (LLMUnavailable, LLMOutputError) as error:
+            raise HTTPException(502, f"discovery failed: {error}") from None
+        return {
+            "capabilities": proposals,
+            "hint": "add the ones you want to config.toml as [[llm.custom]] entries and set [llm] enabled = true",
+        }
 
     @api.get("/api/trajectories")
     def trajectories(

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from daemon.settings import CapabilitySettings
+from daemon.settings import CapabilitySettings, LLMSettings
 
 log = logging.getLogger(__name__)
 
@@ -165,8 +165,8 @@ class CapabilityRegistry:
         return list(self.capabilities)
 
 
-def load_registry(settings: CapabilitySettings) -> CapabilityRegistry:
-    """Load every capability plugin; a broken plugin is reported, not fatal."""
+def load_registry(settings: CapabilitySettings, llm: LLMSettings | None = None) -> CapabilityRegistry:
+    """Load every capability plugin, then the LLM-labeled ones from config; a broken one is reported, not fatal."""
     registry = CapabilityRegistry()
     disabled = set(settings.disabled)
     for entry_point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda item: item.name):
@@ -178,6 +178,17 @@ def load_registry(settings: CapabilitySettings) -> CapabilityRegistry:
             registry.add(capability)
         except Exception as error:  # a plugin must not take the daemon down
             message = f"capability plugin {entry_point.name!r} failed to load: {error}"
+            log.error(message)
+            registry.errors.append(message)
+    if llm is not None and llm.enabled:
+        from daemon.llm_labeler import llm_capabilities  # late: daemon.llm_labeler imports this module
+
+        builtin = {capability.name: capability.description for capability in registry if capability.builtin}
+        try:
+            for capability in llm_capabilities(llm, builtin):
+                registry.add(capability)
+        except Exception as error:  # a bad [llm] section must not take the daemon down
+            message = f"LLM capabilities failed to load: {error}"
             log.error(message)
             registry.errors.append(message)
     return registry

@@ -221,6 +221,21 @@ def relabel(config_path: Path | None, capability: str | None) -> None:
     click.echo(f"removed {data['labels_removed']} labels; the next analysis pass relabels")
 
 
+@main.command()
+@config_option
+@json_option
+@click.option("--samples", default=4, show_default=True, type=click.IntRange(1, 20))
+def discover(config_path: Path | None, as_json: bool, samples: int) -> None:
+    """Propose new capabilities from contrasted failed and successful runs, with the [llm] endpoint."""
+    data = _client_call(config_path, "POST", "/api/capabilities/discover", {"samples": samples})
+    if as_json:
+        _print_json(data)
+        return
+    for proposal in data["capabilities"]:
+        click.echo(f"{proposal['name']}: {proposal['description']}")
+    click.echo(data["hint"], err=True)
+
+
 @main.command(name="import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @config_option

@@ -69,7 +69,7 @@ class Daemon:
         )
         self.ingestor = Ingestor(self.writer, limits)
         self.assembler = Assembler(self.store, settings.assembler, settings.outcome)
-        self.registry = load_registry(settings.capabilities)
+        self.registry = load_registry(settings.capabilities, settings.llm)
         self.analysis_store = AnalysisStore(self.store)
         self.analyzer = Analyzer(self.store, self.registry, settings.analysis)
         self.trigger = Trigger(self.store, self.registry, settings.analysis, settings.trigger)

@@ -6,12 +6,13 @@ The field descriptions are the single documentation of each setting.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 _PACKAGED_DEFAULTS = Path(__file__).with_name("default_config.toml")
 _SOURCE_DEFAULTS = Path(__file__).resolve().parent.parent / "config.toml"
@@ -123,6 +124,67 @@ class ApiSettings(Section):
     max_page: int = Field(500, ge=1, description="Largest page a list endpoint returns.")
 
 
+CAPABILITY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+
+class CustomCapability(Section):
+    name: str = Field(description="Capability name: snake_case, starting with a letter, at most 64 characters.")
+    description: str = Field(
+        min_length=1,
+        description="What the agent must do to have the capability; the LLM labels against this text.",
+    )
+    environment_family: str | None = Field(
+        None, description="Environment family that trains this capability; none = no training environment yet."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _snake_case(cls, value: str) -> str:
+        if not CAPABILITY_NAME.match(value):
+            raise ValueError(f"{value!r} is not a snake_case name (letters, digits, underscores; starts with a letter)")
+        return value
+
+
+class LLMSettings(Section):
+    enabled: bool = Field(False, description="Label the custom capabilities with an LLM (needs a reachable endpoint).")
+    base_url: str = Field(
+        "http://127.0.0.1:8000/v1",
+        description="OpenAI-compatible API root; POST {base_url}/chat/completions is called (the router, vLLM, …).",
+    )
+    model: str = Field("base", description="Model name sent with each request; the labeler is named llm.<model>.")
+    api_key_env: str = Field(
+        "TRACEFIX_LLM_API_KEY",
+        description="Environment variable holding the API key; unset or empty = no Authorization header.",
+    )
+    runs: int = Field(
+        10, ge=1, description="Repeated labeling runs per trajectory (seeds 0..runs-1) for the consistency vote."
+    )
+    temperature: float = Field(
+        0.7, ge=0, le=2, description="Sampling temperature; above 0 so repeated runs differ and the vote counts."
+    )
+    timeout_s: float = Field(60, gt=0, description="Timeout of one chat-completions request.")
+    max_retries: int = Field(
+        2, ge=0, description="Retries of one run after invalid output or a transport error; then it is an ERROR."
+    )
+    max_transcript_chars: int = Field(
+        12000, ge=1000, description="A longer transcript is cut in the middle (its start and end are kept)."
+    )
+    custom: list[CustomCapability] = Field(
+        default_factory=list,
+        description="Capabilities only the LLM labels: [[llm.custom]] with name, description, environment_family.",
+    )
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> LLMSettings:
+        seen: set[str] = set()
+        for capability in self.custom:
+            if capability.name in seen:
+                raise ValueError(f"custom capability {capability.name!r} is defined twice")
+            seen.add(capability.name)
+        return self
+
+
 class Settings(Section):
     store: StoreSettings = StoreSettings()
     writer: WriterSettings = WriterSettings()
@@ -133,6 +195,7 @@ class Settings(Section):
     analysis: AnalysisSettings = AnalysisSettings()
     trigger: TriggerSettings = TriggerSettings()
     retention: RetentionSettings = RetentionSettings()
+    llm: LLMSettings = LLMSettings()
     api: ApiSettings = ApiSettings()
 
 

@@ -765,6 +765,15 @@ class AnalysisStore:
             )
         return True
 
+    def sample_trajectories(self, outcome: str, count: int, seed: float = 0.5) -> list[str]:
+        """A reproducible random sample of trajectory ids with this outcome."""
+        cursor = self.store.cursor
+        cursor.execute("SELECT setseed(?)", [seed])
+        rows = cursor.execute(
+            "SELECT trajectory_id FROM trajectory_outcomes WHERE outcome = ? ORDER BY random() LIMIT ?", [outcome, count]
+        ).fetchall()
+        return [row[0] for row in rows]
+
     def delete_spans_before(self, cutoff_ns: int) -> tuple[int, int]:
         """Retention: drop spans and logs that ended before the cutoff; derived tables and labels stay."""
         with self.store.transaction() as tx:

@@ -497,13 +497,15 @@ def record_conversation(
     conversation_id: str | None = None,
     root_attributes: dict[str, Any] | None = None,
     start_at: int = 0,
+    session_on_root: bool = True,
 ) -> trace.Span:
     """Record one agent run as `dialect` ("genai", "genai_indexed", "openinference", "openllmetry").
 
     Each assistant message is one model call whose input is everything before it; each tool call
     an assistant asks for runs as a tool span (not in "genai_indexed", whose agent traces only its
     model calls). Messages before `start_at` are history from an earlier trace: sent as input, not
-    recorded again. Returns the root span.
+    recorded again. `session_on_root=False` leaves the conversation id off the root span (some SDKs
+    set it on model calls only). Returns the root span.
     """
     root_attributes = dict(root_attributes or {})
     if dialect == "genai":
@@ -530,7 +532,7 @@ def record_conversation(
     else:
         raise ValueError(dialect)
     session = {session_key: conversation_id} if conversation_id else {}
-    root = recorder.start(root_name, {**root_attributes, **session}, kind=SpanKind.SERVER)
+    root = recorder.start(root_name, {**root_attributes, **(session if session_on_root else {})}, kind=SpanKind.SERVER)
     results = {message.tool_call_id: message.content for message in conversation.messages if message.role == "tool"}
     for position, message in enumerate(conversation.messages):
         if message.role != "assistant" or position < start_at:

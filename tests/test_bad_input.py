@@ -353,16 +353,23 @@ def test_log_records_with_ids_of_wrong_length_are_rejected_and_the_rest_stored(g
     assert log_count(guarded) == before + 2
 
 
-def test_attribute_value_over_the_limit_is_stored_truncated_to_the_limit_and_flagged(guarded: RunningDaemon) -> None:
+def test_attribute_value_or_count_over_the_limit_is_stored_truncated_and_flagged(guarded: RunningDaemon) -> None:
     recorder = AgentRecorder("long-values")
     root = recorder.start("root", {"prompt": "p" * (MAX_VALUE * 5), "short": "fine"})
     recorder.one("child", {"short": "fine", "limit": "l" * MAX_VALUE}, parent=root)
     recorder.end(root)
     spans = recorder.take()
     trace_id = format(spans[0].context.trace_id, "032x")
+    many = {f"attribute.{index:03d}": index for index in range(300)}
+    many_trace_id = new_trace_id()
+    crowded = json_traces([json_span(many_trace_id, new_span_id(), "crowded", attributes=many)])
 
     assert export_http(guarded, spans) is SpanExportResult.SUCCESS
+    assert post(f"{guarded.http_url}/v1/traces", json_bytes(crowded), JSON).status_code == 200
     with offline(guarded) as query:
+        crowded_attributes, crowded_truncated = query(
+            f"SELECT attributes, truncated FROM spans WHERE trace_id = '{many_trace_id}'"
+        )[0]
         rows = dict(
             (name, (json.loads(attributes), truncated))
             for name, attributes, truncated in query(
@@ -376,6 +383,9 @@ def test_attribute_value_over_the_limit_is_stored_truncated_to_the_limit_and_fla
     child_attributes, child_truncated = rows["child"]
     assert child_attributes["limit"] == "l" * MAX_VALUE  # exactly at the limit: kept whole
     assert child_truncated is False
+    # Attributes beyond max_attributes_per_span (256 by default) are dropped, and the span flagged.
+    assert json.loads(crowded_attributes) == {key: value for key, value in list(many.items())[:256]}
+    assert crowded_truncated is True
 
 
 def test_multibyte_attribute_value_is_truncated_to_the_byte_limit(guarded: RunningDaemon) -> None:

@@ -72,13 +72,23 @@ def test_sdk_grpc_export_stores_every_span_with_its_fields(collector: RunningDae
     assert [row[7] for row in rows] == sorted(span.start_time for span in spans)
 
 
+def test_sdk_grpc_export_with_gzip_compression_is_accepted(collector: RunningDaemon) -> None:
+    import grpc
+
+    spans = _agent_trace("grpc-gzip-agent", n_children=20)
+    before = span_count(collector)
+
+    assert export_grpc(collector, spans, compression=grpc.Compression.Gzip) is SpanExportResult.SUCCESS
+    assert span_count(collector) == before + 21
+
+
 def test_sdk_grpc_log_exporter_stores_log_records_with_their_trace_context(collector: RunningDaemon) -> None:
     trace_id, span_id = new_trace_id(), new_span_id()
     records = record_logs(
         "grpc-log-agent",
         [
-            {"event_name": "agent.step", "attributes": {"tool": "search"}, "trace_id": trace_id, "span_id": span_id, "body": "searched"},
-            {"event_name": "agent.step", "attributes": {"tool": "answer"}, "trace_id": trace_id, "span_id": span_id, "body": "answered"},
+            {"event_name": "agent.step", "attributes": {"tool": tool}, "trace_id": trace_id, "span_id": span_id, "body": body}
+            for tool, body in (("search", "searched"), ("answer", "answered"))
         ],
     )
     before = log_count(collector)

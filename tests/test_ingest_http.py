@@ -32,7 +32,6 @@ from otlp_builders import (
     export_http,
     export_logs_http,
     gzipped,
-    hex_span_id,
     hex_trace_id,
     json_bytes,
     json_log,
@@ -206,7 +205,13 @@ def test_sdk_http_log_exporter_stores_log_records_with_their_trace_context(colle
     records = record_logs(
         "log-agent",
         [
-            {"event_name": "agent.step", "attributes": {"step": 1, "tool": "get_order"}, "trace_id": trace_id, "span_id": span_id, "body": "looked the order up"},
+            {
+                "event_name": "agent.step",
+                "attributes": {"step": 1, "tool": "get_order"},
+                "trace_id": trace_id,
+                "span_id": span_id,
+                "body": "looked the order up",
+            },
             {"attributes": {"event.name": "agent.note"}, "body": {"text": "no trace here"}},
         ],
     )
@@ -317,6 +322,19 @@ def assembled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Assembled]:
         result.trace_ids["turn 1"], result.trace_ids["turn 2"] = hex_trace_id(first[0]), hex_trace_id(second[0])
         result.exports["turn 2"] = export_http(daemon, second)
         result.exports["turn 1"] = export_http(daemon, first)
+        # A conversation id that arrives late: the root span (without it) is stored and assembled on
+        # its own before the model calls that carry it.
+        record_conversation(recorder, "genai", FIRST_TURN, conversation_id="conv-late", session_on_root=False)
+        late = recorder.take()
+        late_root = [span for span in late if span.parent is None]
+        result.trace_ids["late root"] = hex_trace_id(late_root[0])
+        result.exports["late root"] = export_http(daemon, late_root)
+        daemon.wait_assembled()
+        result.exports["late children"] = export_http(daemon, [span for span in late if span.parent is not None])
+        record_conversation(recorder, "genai", SECOND_TURN, conversation_id="conv-late", start_at=4)
+        late_second = recorder.take()
+        result.trace_ids["late turn 2"] = hex_trace_id(late_second[0])
+        result.exports["late turn 2"] = export_http(daemon, late_second)
         result.status = daemon.wait_assembled()
     finally:
         daemon.stop()
@@ -495,10 +513,25 @@ def test_two_traces_sharing_a_conversation_id_become_one_trajectory(assembled: A
     ]
 
 
+def test_a_trace_whose_conversation_id_arrives_late_moves_into_the_conversation(assembled: Assembled) -> None:
+    assert all(assembled.exports[name] is SpanExportResult.SUCCESS for name in ("late root", "late children", "late turn 2"))
+    first, second = assembled.trace_ids["late root"], assembled.trace_ids["late turn 2"]
+    rows = assembled.rows(
+        "SELECT trajectory_id, trace_ids, n_spans FROM trajectories "
+        f"WHERE list_contains(trace_ids, '{first}') OR list_contains(trace_ids, '{second}') "
+        f"OR trajectory_id IN ('{first}', '{second}')"
+    )
+    assert [(trajectory_id, sorted(trace_ids)) for trajectory_id, trace_ids, _ in rows] == [("conv-late", sorted([first, second]))]
+    # No leftovers of the trajectory the root span formed on its own.
+    for table in ("messages", "tool_calls", "trajectory_tools", "outcomes"):
+        assert assembled.rows(f"SELECT count(*) FROM {table} WHERE trajectory_id = '{first}'") == [(0,)], table
+    assert len(_messages(assembled, "conv-late")) == 9
+
+
 def test_status_counts_the_assembled_dialect_trajectories(assembled: Assembled) -> None:
     counts = assembled.status["counts"]
-    assert counts["trajectories"] == len(DIALECTS) + 1
-    assert counts["messages"] == 7 * len(DIALECTS) + 9
-    assert counts["tool_calls"] == 2 * len(DIALECTS) + 2
+    assert counts["trajectories"] == len(DIALECTS) + 2
+    assert counts["messages"] == 7 * len(DIALECTS) + 9 + 9
+    assert counts["tool_calls"] == 2 * len(DIALECTS) + 2 + 2
     assert counts["tool_definitions"] == 2 * (len(DIALECTS) + 1)
-    assert assembled.status["outcomes"]["unknown"] == len(DIALECTS) + 1
+    assert assembled.status["outcomes"]["unknown"] == len(DIALECTS) + 2

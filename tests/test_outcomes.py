@@ -83,10 +83,8 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcomes]:
         # An evaluator that reports before the agent's spans arrive.
         early = _run(recorder)
         result.trajectories["evaluation before spans"] = hex_trace_id(early[0])
-        result.deliveries["early evaluation"] = export_logs_http(
-            daemon,
-            record_logs("evaluator", [{"event_name": EVALUATION, "attributes": _evaluation("pass"), "trace_id": hex_trace_id(early[0])}]),
-        )
+        early_evaluation = {"event_name": EVALUATION, "attributes": _evaluation("pass"), "trace_id": hex_trace_id(early[0])}
+        result.deliveries["early evaluation"] = export_logs_http(daemon, record_logs("evaluator", [early_evaluation]))
 
         runs: dict[str, list] = {
             "log event_name": _run(recorder),
@@ -116,27 +114,29 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcomes]:
             return result.trajectories[scenario]
 
         root_of_fail = next(span for span in runs["evaluation fail beats root success"] if span.parent is None)
+
+        def graded(scenario: str, attributes: dict[str, Any], **extra: Any) -> dict[str, Any]:
+            return {"event_name": EVALUATION, "attributes": attributes, "trace_id": trace_of(scenario), **extra}
+
         sdk_logs = record_logs(
             "evaluator",
             [
-                {"event_name": EVALUATION, "attributes": _evaluation("pass", 1.0), "trace_id": trace_of("log event_name")},
-                {
-                    "event_name": EVALUATION,
-                    "attributes": _evaluation("fail"),
-                    "trace_id": trace_of("evaluation fail beats root success"),
-                    "span_id": hex_span_id(root_of_fail),
-                },
-                {"event_name": EVALUATION, "attributes": _evaluation(score=1.0), "trace_id": trace_of("score without label")},
-                {"event_name": EVALUATION, "attributes": _evaluation("fail"), "trace_id": trace_of("latest evaluation wins"), "timestamp": recorder.tick()},
-                {"event_name": EVALUATION, "attributes": _evaluation("pass"), "trace_id": trace_of("latest evaluation wins"), "timestamp": recorder.tick()},
+                graded("log event_name", _evaluation("pass", 1.0)),
+                graded("evaluation fail beats root success", _evaluation("fail"), span_id=hex_span_id(root_of_fail)),
+                graded("score without label", _evaluation(score=1.0)),
+                graded("latest evaluation wins", _evaluation("fail"), timestamp=recorder.tick()),
+                graded("latest evaluation wins", _evaluation("pass"), timestamp=recorder.tick()),
                 # An unrelated event on a trajectory decides nothing.
-                {"event_name": "gen_ai.client.inference.operation.details", "attributes": {"gen_ai.evaluation.score.label": "pass"}, "trace_id": trace_of("no evidence")},
+                graded(
+                    "no evidence",
+                    {"gen_ai.evaluation.score.label": "pass"},
+                    event_name="gen_ai.client.inference.operation.details",
+                ),
             ],
         )
         result.deliveries["sdk logs"] = export_logs_http(daemon, sdk_logs)
         result.deliveries["grpc logs"] = export_logs_grpc(
-            daemon,
-            record_logs("evaluator", [{"event_name": EVALUATION, "attributes": _evaluation("Correct"), "trace_id": trace_of("log over grpc")}]),
+            daemon, record_logs("evaluator", [graded("log over grpc", _evaluation("Correct"))])
         )
         json_records = [
             # No eventName field: the event is named by its `event.name` attribute.

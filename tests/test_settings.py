@@ -19,7 +19,7 @@ def test_embedded_config_is_valid_and_matches_the_model_defaults() -> None:
     assert settings.collector.host == "127.0.0.1"
     # Every key of config.toml is a field of the model (extra keys are forbidden), and vice versa.
     assert set(Settings.model_fields) == {
-        "store", "writer", "collector", "assembler", "outcome", "capabilities", "analysis", "trigger", "retention", "api",
+        "store", "writer", "collector", "assembler", "outcome", "capabilities", "analysis", "trigger", "retention", "llm", "api",
     }
 
 

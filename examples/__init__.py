@@ -1,0 +1,1 @@
+"""Example agents and traffic generators for tracefix."""
