@@ -14,8 +14,14 @@ The spans are recorded once per client with an SDK TracerProvider; every request
 fresh trace/span ids (a new SpanContext per span), so the clients spend their CPU on encoding and
 transport, not on creating spans. Results: one JSON line on stdout; progress goes to stderr.
 
+Diagnostics: `--client-encoding reuse` swaps the SDK exporters for a client that encodes each template
+batch once and only rewrites ids (the receiver measured nearly alone); `--profile-server` runs the
+daemon under cProfile in every thread and prints the hotspots of the measured window on stderr.
+
     python bench/ingest.py --seconds 15 --repeats 3
-    python bench/ingest.py --transports http-protobuf --repeats 1 --profile-server
+    python bench/ingest.py --transports http-protobuf --clients 3
+    python bench/ingest.py --transports http-protobuf --client-encoding reuse
+    python bench/ingest.py --transports http-protobuf --seconds 10 --profile-server
 """
 
 from __future__ import annotations
@@ -306,7 +312,9 @@ class BatchCloner:
             prepared = []
             for span in spans:
                 attributes = dict(span.attributes)
-                variable = tuple(key for key, value in attributes.items() if isinstance(value, str) and PLACEHOLDER in value)
+                variable = tuple(
+                    key for key, value in attributes.items() if isinstance(value, str) and PLACEHOLDER in value
+                )
                 parent = index.get(span.parent.span_id) if span.parent is not None else None
                 prepared.append((span, attributes, variable, parent, span.parent is None))
             self._batches.append(prepared)
@@ -867,14 +875,13 @@ def _server_metrics(text: str) -> dict[str, Any]:
         return sum(value for _, value in _metric_samples(text, name))
 
     commits = total("tracefix_commit_seconds_count")
+    requests = max(1.0, total("tracefix_ingest_request_seconds_count"))
     return {
         "requests_by_status": statuses,
         "commits": int(commits),
         "mean_spans_per_commit": round(total("tracefix_commit_rows_sum") / commits, 1) if commits else None,
         "mean_commit_ms": round(1000 * total("tracefix_commit_seconds_sum") / commits, 2) if commits else None,
-        "mean_server_request_ms": round(
-            1000 * total("tracefix_ingest_request_seconds_sum") / max(1.0, total("tracefix_ingest_request_seconds_count")), 2
-        ),
+        "mean_server_request_ms": round(1000 * total("tracefix_ingest_request_seconds_sum") / requests, 2),
         "assembler_passes": int(total("tracefix_assembler_pass_seconds_count")),
         "assembler_lag_batches": total("tracefix_assembler_lag_batches"),
     }
@@ -921,7 +928,8 @@ def run_once(transport: str, args: argparse.Namespace, repeat: int) -> dict[str,
         measure_to = measure_from + args.seconds
         timing[0], timing[1] = measure_from, measure_to
         go.set()
-        log(f"{transport} #{repeat + 1}: {args.clients} clients, warm-up {args.warmup:g} s, measuring {args.seconds:g} s")
+        log(f"{transport} #{repeat + 1}: {args.clients} clients, warm-up {args.warmup:g} s, "
+            f"measuring {args.seconds:g} s")
         time.sleep(max(0.0, measure_from - time.monotonic()))
         server_cpu_start = _proc_cpu_seconds(daemon.pid)
         if profile_path is not None:
@@ -959,6 +967,7 @@ def run_once(transport: str, args: argparse.Namespace, repeat: int) -> dict[str,
     latencies = [latency for client in done for latency in client["latencies"]]
     window_spans = sum(client["window_spans"] for client in done)
     shape = shapes[0]
+    client_cpu = sum(client["cpu_s"] for client in done)
     result: dict[str, Any] = {
         "transport": transport,
         "repeat": repeat + 1,
@@ -970,12 +979,12 @@ def run_once(transport: str, args: argparse.Namespace, repeat: int) -> dict[str,
         "acked_spans": acked,
         "stored_spans": stored,
         "verified": stored == acked,
-        "client_cpu_s": round(sum(client["cpu_s"] for client in done), 2),
+        "client_cpu_s": round(client_cpu, 2),
         "client_prepare_cpu_s": round(sum(client["prepare_cpu_s"] for client in done), 2),
         "server_cpu_s": round(server_cpu_window, 2),
         "server_cpu_cores": round(server_cpu_window / args.seconds, 2),
         "server_cpu_us_per_span": round(1e6 * server_cpu_window / window_spans, 1) if window_spans else None,
-        "client_cpu_us_per_span": round(1e6 * sum(c["cpu_s"] for c in done) / window_spans, 1) if window_spans else None,
+        "client_cpu_us_per_span": round(1e6 * client_cpu / window_spans, 1) if window_spans else None,
         "server_cpu_total_s": round(server_cpu_total, 2),
         "server_peak_rss_mb": round(peak_rss_kb / 1024, 1),
         "db_bytes_live": live_bytes,
@@ -1105,7 +1114,8 @@ def _profile_summary(before: Path | None, after: Path, title: str, top: int = 25
         if calls - calls_before or own - own_before:
             file, line, name = function
             where = f"{Path(file).name}:{line}({name})" if file != "~" else name
-            rows.append([calls - calls_before, round(own - own_before, 3), round(cumulative - cumulative_before, 3), where])
+            own, cumulative = round(own - own_before, 3), round(cumulative - cumulative_before, 3)
+            rows.append([calls - calls_before, own, cumulative, where])
     total = round(sum(row[1] for row in rows), 2)
     by_cumulative = sorted(rows, key=lambda row: row[2], reverse=True)[:top]
     by_own = sorted(rows, key=lambda row: row[1], reverse=True)[:top]
@@ -1133,10 +1143,8 @@ def _machine() -> dict[str, Any]:
         if line.startswith("model name"):
             model = line.split(":", 1)[1].strip()
             break
-    memory_kb = next(
-        (int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")),
-        0,
-    )
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    memory_kb = next((int(line.split()[1]) for line in meminfo if line.startswith("MemTotal")), 0)
     versions = {}
     for package in ("duckdb", "opentelemetry-sdk", "protobuf", "grpcio", "uvicorn", "pyarrow"):
         try:
@@ -1163,7 +1171,8 @@ def _machine() -> dict[str, Any]:
 
 _SUMMARY_KEYS = (
     "spans_per_s", "requests", "p50_ms", "p99_ms", "failed_exports", "client_cpu_s", "client_prepare_cpu_s",
-    "server_cpu_s", "server_cpu_cores", "server_cpu_us_per_span", "client_cpu_us_per_span", "server_peak_rss_mb", "db_mb_per_million_spans",
+    "server_cpu_s", "server_cpu_cores", "server_cpu_us_per_span", "client_cpu_us_per_span", "server_peak_rss_mb",
+    "db_mb_per_million_spans",
 )  # fmt: skip
 
 

@@ -67,13 +67,13 @@ def import_file(path: Path, endpoint: str, token: str = "", timeout_s: float = 6
                 report.errors.append(f"line {line}: not a JSON object")
                 continue
             if "resourceSpans" in document or "resource_spans" in document:
-                route, rejected_key = "/v1/traces", "rejectedSpans"
-                report.spans += _count(document, "resourceSpans", "scopeSpans", "spans") or _count(
+                route, rejected_key, kind = "/v1/traces", "rejectedSpans", "spans"
+                sent = _count(document, "resourceSpans", "scopeSpans", "spans") or _count(
                     document, "resource_spans", "scope_spans", "spans"
                 )
             elif "resourceLogs" in document or "resource_logs" in document:
-                route, rejected_key = "/v1/logs", "rejectedLogRecords"
-                report.logs += _count(document, "resourceLogs", "scopeLogs", "logRecords") or _count(
+                route, rejected_key, kind = "/v1/logs", "rejectedLogRecords", "logs"
+                sent = _count(document, "resourceLogs", "scopeLogs", "logRecords") or _count(
                     document, "resource_logs", "scope_logs", "log_records"
                 )
             else:
@@ -85,7 +85,6 @@ def import_file(path: Path, endpoint: str, token: str = "", timeout_s: float = 6
                 raise ImportFailed(
                     f"the collector is not reachable at {endpoint}; start it with `tracefix up`"
                 ) from None
-            report.requests += 1
             if response.status_code != 200:
                 try:
                     message = response.json().get("message", response.text)
@@ -95,7 +94,10 @@ def import_file(path: Path, endpoint: str, token: str = "", timeout_s: float = 6
                 continue
             partial = (response.json() or {}).get("partialSuccess") or {}
             rejected = int(partial.get(rejected_key, 0) or 0)
+            # Only what the collector accepted counts as imported.
+            report.requests += 1
             report.rejected += rejected
+            setattr(report, kind, getattr(report, kind) + sent - rejected)
             if rejected:
                 report.errors.append(f"line {line}: {partial.get('errorMessage', '')}")
     return report

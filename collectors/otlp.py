@@ -91,9 +91,11 @@ class _AttributeDecoder:
         kind = any_value.WhichOneof("value")
         if kind == "string_value":
             text = any_value.string_value
-            if len(text) > self.limits.max_attribute_value_bytes:
+            limit = self.limits.max_attribute_value_bytes
+            # Characters are 1-4 bytes: only values in between need encoding to be measured.
+            if len(text) * 4 > limit and (len(text) > limit or len(text.encode()) > limit):
                 self.truncated = True
-                return text[: self.limits.max_attribute_value_bytes]
+                return text.encode()[:limit].decode("utf-8", "ignore")
             return text
         if kind == "int_value":
             return any_value.int_value

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -124,23 +124,35 @@ class OutcomeRules:
 class Assembler:
     """Runs assembly passes over the store; one pass at a time (the scheduler guarantees it)."""
 
-    def __init__(self, store: Store, settings: AssemblerSettings, outcome: OutcomeSettings) -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: AssemblerSettings,
+        outcome: OutcomeSettings,
+        committed_batch: Callable[[], int] | None = None,
+    ) -> None:
         self.store = store
         self.settings = settings
         self.rules = OutcomeRules(outcome)
         self.position = store.assembler_position()
+        self._committed_batch = committed_batch or (lambda: max(self.position))
+        # Every ingest batch up to this one is assembled (spans and logs share one batch sequence).
+        self.assembled_batch = max(self.position)
 
     def run_pass(self) -> int:
         """Assemble what was committed since the last pass; returns how many trajectories were rebuilt."""
         started = time.perf_counter()
+        committed = self._committed_batch()  # read first: every batch up to it is visible below
         span_batch, log_batch = self.position
-        trace_ids, reach_span, reach_log = self.store.pending_traces(
+        trace_ids, reach_span, reach_log, complete = self.store.pending_traces(
             span_batch, log_batch, self.settings.max_traces_per_pass
         )
         if not trace_ids:
             if (reach_span, reach_log) != self.position:
                 self.store.replace_derived(DerivedRows([], [], [], [], [], [], [], []), reach_span, reach_log)
                 self.position = (reach_span, reach_log)
+            if complete:
+                self.assembled_batch = max(self.assembled_batch, committed)
             return 0
         groups = self.store.trajectory_groups(trace_ids)
         all_traces = [trace for traces in groups.values() for trace in traces]
@@ -150,6 +162,8 @@ class Assembler:
         rows = self.build(groups, spans, logs, reach_span)
         self.store.replace_derived(rows, reach_span, reach_log)
         self.position = (reach_span, reach_log)
+        if complete:
+            self.assembled_batch = max(self.assembled_batch, committed)
         metrics.ASSEMBLER_SECONDS.observe(time.perf_counter() - started)
         return len(groups)
 

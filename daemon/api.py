@@ -116,7 +116,7 @@ def create_api(daemon: Daemon) -> FastAPI:
             "outcomes": {name: counts.get(name, 0) for name in ("success", "failure", "unknown")},
             "ingest": {
                 "committed_batch": daemon.writer.committed_batch,
-                "assembled_batch": daemon.assembler.position[0],
+                "assembled_batch": daemon.assembler.assembled_batch,
                 "writer_queue_rows": int(metrics.WRITER_QUEUE._value.get()),
             },
             "analysis": daemon.last_analysis,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import time
 from typing import Any
@@ -68,7 +69,9 @@ class Daemon:
             collector.max_attribute_value_bytes, collector.max_attributes_per_span, collector.max_events_per_span
         )
         self.ingestor = Ingestor(self.writer, limits)
-        self.assembler = Assembler(self.store, settings.assembler, settings.outcome)
+        self.assembler = Assembler(
+            self.store, settings.assembler, settings.outcome, lambda: self.writer.committed_batch
+        )
         self.registry = load_registry(settings.capabilities, settings.llm)
         self.analysis_store = AnalysisStore(self.store)
         self.analyzer = Analyzer(self.store, self.registry, settings.analysis)
@@ -101,7 +104,7 @@ class Daemon:
 
     def _assemble(self) -> None:
         self.assembler.run_pass()
-        metrics.ASSEMBLER_LAG.set(max(0, self.writer.committed_batch - self.assembler.position[0]))
+        metrics.ASSEMBLER_LAG.set(max(0, self.writer.committed_batch - self.assembler.assembled_batch))
 
     def _analyze(self) -> None:
         result = self.analyzer.run_pass()
@@ -203,12 +206,19 @@ class Daemon:
             )
             self.scheduler.start()
             log.info("tracefix daemon serving %s", self.endpoints)
+            # uvicorn re-raises the signal it caught once it has stopped serving; with these
+            # handlers in place that is a no-op, so the drain below always runs.
+            for stop_signal in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(stop_signal, self._stop_requested)
             config = uvicorn.Config(
                 _PortDispatch(apps), lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=10
             )
             uvicorn.Server(config).run(sockets=sockets)
         finally:
             self.shutdown(sockets)
+
+    def _stop_requested(self, signum: int, frame: Any) -> None:
+        log.info("received %s; draining", signal.Signals(signum).name)
 
     def shutdown(self, sockets: list[socket.socket]) -> None:
         if self.grpc_receiver is not None:

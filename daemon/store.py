@@ -212,10 +212,13 @@ class Store:
             "SELECT last_span_batch, last_log_batch FROM assembler_state WHERE id = 1"
         ).fetchone()
 
-    def pending_traces(self, after_span_batch: int, after_log_batch: int, limit: int) -> tuple[list[str], int, int]:
+    def pending_traces(
+        self, after_span_batch: int, after_log_batch: int, limit: int
+    ) -> tuple[list[str], int, int, bool]:
         """Traces touched by spans or logs committed after the given batches, oldest batches first.
 
-        Returns the trace ids and the batch positions the assembler reaches once they are done.
+        Returns the trace ids, the batch positions the assembler reaches once they are done, and
+        whether that is everything committed so far (False when `limit` cut the pass short).
         """
         cursor = self.cursor
         span_batches = cursor.execute(
@@ -229,6 +232,7 @@ class Store:
             if total and total + count > limit:
                 break
             reach_span, total = batch, total + count
+        complete = not span_batches or reach_span == span_batches[-1][0]
         reach_log = cursor.execute(
             "SELECT coalesce(max(ingest_batch), ?) FROM logs WHERE ingest_batch > ?",
             [after_log_batch, after_log_batch],
@@ -245,7 +249,7 @@ class Store:
             """,
             [after_span_batch, reach_span, after_log_batch, reach_log, after_log_batch, reach_log],
         ).fetchall()
-        return [row[0] for row in rows], reach_span, reach_log
+        return [row[0] for row in rows], reach_span, reach_log, complete
 
     def trajectory_groups(self, trace_ids: list[str]) -> dict[str, list[str]]:
         """Map each trajectory touched by these traces to all of its traces.

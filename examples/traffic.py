@@ -32,8 +32,8 @@ import random
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from datetime import date, timedelta
 from typing import Any
 
@@ -960,8 +960,15 @@ def _greeting(rng: random.Random, user: dict[str, Any]) -> str:
     )
 
 
+_BRANDS = {"visa": "Visa", "mastercard": "Mastercard", "amex": "American Express"}
+
+
 def _card(user: dict[str, Any]) -> dict[str, Any]:
     return next(m for m in user["payment_methods"] if m["type"] == "credit_card")
+
+
+def _brand(card: dict[str, Any]) -> str:
+    return _BRANDS[card["brand"]]
 
 
 def _route(reservation: dict[str, Any]) -> str:
@@ -984,7 +991,7 @@ def _opening(c: _Conversation) -> str | None:
     return c.rng.choice((None, None, "Let me pull up your account.", "Sure thing, one moment while I look you up."))
 
 
-def _cancel_reservation(c: _Conversation, fake: Any) -> str:
+def _cancel_reservation(c: _Conversation) -> str:
     rng, world = c.rng, c.world
     user = world.make_user()
     reservation = world.make_reservation(user)
@@ -1050,7 +1057,7 @@ def _cancel_reservation(c: _Conversation, fake: Any) -> str:
     return f"cancel reservation {rid}"
 
 
-def _change_flight(c: _Conversation, fake: Any) -> str:
+def _change_flight(c: _Conversation) -> str:
     rng, world = c.rng, c.world
     user = world.make_user()
     c.customer = user["user_id"]
@@ -1109,7 +1116,7 @@ def _change_flight(c: _Conversation, fake: Any) -> str:
             f"On {pick['date']} the earliest {record['origin']} to {record['destination']} flight is "
             f"{pick['flight_number']}, departing {pick['departure']} and arriving {pick['arrival']}. "
             f"Shall I move reservation {target} to it? The fare difference will be charged to your "
-            f"{card['brand']} card on file."
+            f"{_brand(card)} card on file."
         )
         c.user(rng.choice(_CONFIRMATIONS))
     arguments = {"reservation_id": target, "flight_number": pick["flight_number"], "date": pick["date"], "payment_id": card["payment_id"]}
@@ -1126,12 +1133,12 @@ def _change_flight(c: _Conversation, fake: Any) -> str:
     c.finish(
         head + " An updated itinerary is on its way to your e-mail.",
         result["fare_difference"],
-        lambda amount: head + f" The fare difference of {_dollars(amount)} was charged to your {card['brand']} card.",
+        lambda amount: head + f" The fare difference of {_dollars(amount)} was charged to your {_brand(card)} card.",
     )
     return f"move reservation {rid} to {new_day.isoformat()}"
 
 
-def _price_total(c: _Conversation, fake: Any) -> str:
+def _price_total(c: _Conversation) -> str:
     rng, world = c.rng, c.world
     user = world.make_user()
     c.customer = user["user_id"]
@@ -1177,7 +1184,7 @@ def _price_total(c: _Conversation, fake: Any) -> str:
     return "total paid over all reservations"
 
 
-def _baggage_fees(c: _Conversation, fake: Any) -> str:
+def _baggage_fees(c: _Conversation) -> str:
     rng, world = c.rng, c.world
     user = world.make_user()
     c.customer = user["user_id"]
@@ -1214,7 +1221,7 @@ def _baggage_fees(c: _Conversation, fake: Any) -> str:
     return f"price {bags} checked bags on {rid}"
 
 
-def _earlier_flight(c: _Conversation, fake: Any) -> str:
+def _earlier_flight(c: _Conversation) -> str:
     rng, world = c.rng, c.world
     user = world.make_user()
     c.customer = user["user_id"]
@@ -1320,7 +1327,7 @@ def generate(
         labels = _draw_labels(rng, outcome, profile)
         scenario = _scenario_for(rng, labels)
         conversation = _Conversation(rng, _World(rng, fake), labels, {})
-        goal = _SCENARIO_FUNCTIONS[scenario](conversation, fake)
+        goal = _SCENARIO_FUNCTIONS[scenario](conversation)
         offset += int(rng.expovariate(1 / 8_000)) if index else 0
         plans.append(
             TrajectoryPlan(
