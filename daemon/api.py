@@ -97,6 +97,12 @@ def create_api(daemon: Daemon) -> FastAPI:
 
     @api.get("/api/status")
     def status() -> dict[str, Any]:
+        # Positions before counts: counts then include at least everything the positions claim.
+        ingest = {
+            "committed_batch": daemon.writer.committed_batch,
+            "assembled_batch": daemon.assembler.assembled_batch,
+            "writer_queue_rows": int(metrics.WRITER_QUEUE._value.get()),
+        }
         counts = daemon.store.counts()
         healthy, problems = daemon.health()
         return {
@@ -114,11 +120,7 @@ def create_api(daemon: Daemon) -> FastAPI:
                 for name in ("spans", "logs", "trajectories", "messages", "tool_calls", "tool_definitions")
             },
             "outcomes": {name: counts.get(name, 0) for name in ("success", "failure", "unknown")},
-            "ingest": {
-                "committed_batch": daemon.writer.committed_batch,
-                "assembled_batch": daemon.assembler.assembled_batch,
-                "writer_queue_rows": int(metrics.WRITER_QUEUE._value.get()),
-            },
+            "ingest": ingest,
             "analysis": daemon.last_analysis,
             "capabilities": daemon.registry.names(),
             "plugin_errors": daemon.registry.errors,

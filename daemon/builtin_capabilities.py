@@ -25,7 +25,8 @@ RULES_VERSION = "1"
 _ID_VALUE = re.compile(r"^(?=.*\d)(?=.*[A-Za-z])[A-Za-z0-9][A-Za-z0-9_\-:.]{2,63}$|^[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}$")
 _DATE_LIKE = re.compile(r"^\d{4}-\d{2}-\d{2}")
 _ID_KEY = re.compile(r"(^|_)(id|ids|number|code|ref|reference)$", re.IGNORECASE)
-_NUMBER = re.compile(r"(?<![\w.])[$€£]?\s?(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?![\w])")
+# A stated number: not part of an id (R-48213), a date (2025-06-01), a time (06:45) or a version.
+_NUMBER = re.compile(r"(?<![\w.:/-])[$€£]?\s?(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?![\w:/-]|\.\d)")
 
 
 def _span(call_or_turn: Any) -> tuple[str, ...]:
@@ -257,15 +258,20 @@ class StructuredDataReasoning:
 
     def label(self, trajectory: Trajectory) -> Judgement:
         numbers: list[float] = []
+        by_key: dict[str, float] = {}
         for call in trajectory.tool_calls:
             try:
                 result = orjson.loads(call.result) if call.result else None
             except orjson.JSONDecodeError:
                 continue
-            numbers += [float(v) for _, v in _walk(result) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            for key, value in _walk(result):
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    numbers.append(float(value))
+                    by_key[key] = by_key.get(key, 0.0) + float(value)
         if not numbers:
             return Judgement(Label.NA, "no tool returned numeric records")
-        derivable = set(numbers) | {round(sum(numbers), 2)}
+        # Values read, their total, per-field totals across records, and pairwise arithmetic.
+        derivable = set(numbers) | {round(sum(numbers), 2)} | {round(total, 2) for total in by_key.values()}
         derivable |= {round(a + b, 2) for a in numbers for b in numbers} if len(numbers) <= 60 else set()
         derivable |= {round(a - b, 2) for a in numbers for b in numbers} if len(numbers) <= 60 else set()
         derivable |= {round(a * b, 2) for a in numbers for b in numbers if a < 1000 and b < 1000} if len(numbers) <= 60 else set()

@@ -118,7 +118,9 @@ def test_gap_holds_then_fires_exactly_one_training_request(analyzed: tuple[Runni
     assert len(requests) == 1
     detail = daemon.get("/api/capabilities/precondition_verification")
     path = [(t["from_state"], t["to_state"]) for t in reversed(detail["transitions"])]
-    assert path[:2] == [("healthy", "watching"), ("watching", "gap_detected")]
+    # Statistics may wobble while trajectories stream in; the gap is detected once, from watching.
+    assert path[-1] == ("watching", "gap_detected")
+    assert [step for step in path if step[1] == "gap_detected"] == [("watching", "gap_detected")]
     assert "Δ=" in detail["transitions"][0]["reason"] and detail["transitions"][0]["stats"]
 
 

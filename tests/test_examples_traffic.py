@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import time
 from collections import Counter
 from typing import Any
 
@@ -362,31 +361,13 @@ def test_cli_dry_run(capsys):
 # --- end to end through a real daemon ---------------------------------------------------------
 
 
-def _settled(daemon, trajectories: int, timeout_s: float = 20.0) -> dict[str, Any]:
-    """Status once the trajectories and their outcomes are assembled.
-
-    `daemon.wait_assembled()` compares the assembler's *span* position with the last committed
-    batch, so it never returns when the last commit held only log records (the evaluation
-    results, flushed after the spans); poll for what we sent instead.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        status = daemon.status()
-        decided = status["outcomes"]["success"] + status["outcomes"]["failure"]
-        if status["counts"]["trajectories"] >= trajectories and decided >= trajectories:
-            return status
-        if time.monotonic() > deadline:
-            return status
-        time.sleep(0.1)
-
-
 def test_sends_to_a_real_daemon_over_http(daemon):
     plans = generate(30, seed=21, failure_rate=0.4)
     summary = send(plans, daemon.http_url, "http/protobuf", "log")
     assert summary.exported_spans == summary.spans > 30 * 5
     assert summary.exported_logs == summary.logs == 30
-    status = _settled(daemon, 30)
-    assert status["counts"]["trajectories"] == 30
+    status = daemon.wait_assembled()
+    assert status["counts"]["trajectories"] == 30, (status["counts"], status["ingest"])
     assert status["outcomes"]["success"] + status["outcomes"]["failure"] == 30
     assert status["outcomes"]["failure"] == sum(plan.outcome == "failure" for plan in plans) == 12
     assert status["counts"]["tool_calls"] == sum(len(plan.calls) for plan in plans)
@@ -397,5 +378,5 @@ def test_sends_over_grpc_with_the_outcome_as_an_attribute(daemon):
     summary = send(plans, daemon.grpc_endpoint, "grpc", "attribute")
     assert summary.exported_spans == summary.spans and summary.logs == 0
     status = daemon.wait_assembled()
-    assert status["counts"]["trajectories"] == 12
+    assert status["counts"]["trajectories"] == 12, (status["counts"], status["ingest"])
     assert status["outcomes"]["failure"] == 6 and status["outcomes"]["success"] == 6
