@@ -104,9 +104,14 @@ class Analyzer:
     def current(self) -> list[tuple[str, str, str]]:
         return [(c.name, c.labeler.name, c.labeler.version) for c in self.registry]
 
-    def trajectories(self, trajectory_ids: list[str]) -> list[Trajectory]:
-        """The labelers' view of these trajectories, with tool definitions resolved per DESIGN rules."""
+    def trajectories(self, trajectory_ids: list[str], batches: dict[str, int] | None = None) -> list[Trajectory]:
+        """The labelers' view of these trajectories, with tool definitions resolved per DESIGN rules.
+
+        `batches`, when given, receives each trajectory's assembly batch (labels record it).
+        """
         data = self.store.labeling_inputs(trajectory_ids)
+        if batches is not None:
+            batches.update((row["trajectory_id"], row["updated_batch"]) for row in data["trajectories"])
         turns: dict[str, list[Turn]] = defaultdict(list)
         for trajectory_id, position, role, content, tool_calls, tool_call_id, span_id in data["messages"]:
             turns[trajectory_id].append(Turn(position, role, content, orjson.loads(tool_calls), tool_call_id, span_id))
@@ -147,9 +152,9 @@ class Analyzer:
         if not ids:
             return 0
         now = datetime.now(timezone.utc)
-        batches = {row["trajectory_id"]: row["updated_batch"] for row in self.store.labeling_inputs(ids)["trajectories"]}
+        batches: dict[str, int] = {}
         rows = []
-        for trajectory in self.trajectories(ids):
+        for trajectory in self.trajectories(ids, batches):
             for capability in self.registry:
                 for run, judgement in enumerate(self._judge(capability.labeler, trajectory)):
                     rows.append(

@@ -8,10 +8,11 @@ deterministic, no model.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
+import fastjsonschema
 import jsonschema
 import orjson
 
@@ -67,12 +68,54 @@ def _turn_of(trajectory: Trajectory, call: ToolCall) -> int:
     return call.message_position if call.message_position is not None else len(trajectory.turns)
 
 
+def _compile(schema: dict[str, Any]) -> Callable[[Any], tuple[str, str] | None] | None:
+    """Validation for one tool schema: fastjsonschema's generated code where it supports the
+    schema (most tool schemas), jsonschema otherwise; None when the schema itself is invalid."""
+    cls = jsonschema.validators.validator_for(schema)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError:
+        return None
+    reference = cls(schema)
+
+    def detailed(arguments: Any) -> tuple[str, str] | None:
+        error = jsonschema.exceptions.best_match(reference.iter_errors(arguments))
+        if error is None:
+            return None
+        return "/".join(str(part) for part in error.absolute_path) or "arguments", error.message
+
+    try:
+        fast = fastjsonschema.compile(schema)
+    except Exception:  # a draft or keyword fastjsonschema does not support
+        return detailed
+
+    def check(arguments: Any) -> tuple[str, str] | None:
+        try:
+            fast(arguments)
+        except fastjsonschema.JsonSchemaException:
+            return detailed(arguments) or ("arguments", "invalid")
+        return None
+
+    return check
+
+
 @dataclass(slots=True)
 class ToolCallPrecision:
     """LACKING when a call names an unknown tool or its arguments fail the tool's JSON schema."""
 
     name: str = "rules.tool_call_precision"
     version: str = RULES_VERSION
+    # Checking a schema costs far more than validating against it; agents reuse a few schemas.
+    _validators: dict[bytes, Any] = field(default_factory=dict)
+
+    def validator(self, schema: dict[str, Any]) -> Any:
+        """A compiled check for the schema: returns None or (path, message); None when the schema is invalid."""
+        key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+        if key not in self._validators:
+            if len(self._validators) > 4096:
+                self._validators.clear()
+            self._validators[key] = _compile(schema)
+        return self._validators[key]
 
     def label(self, trajectory: Trajectory) -> Judgement:
         if not trajectory.tool_calls:
@@ -94,17 +137,13 @@ class ToolCallPrecision:
                 return Judgement(
                     Label.LACKING, f"{call.name} called with arguments that are not JSON", _span(call), confidence
                 )
-            if spec.parameters:
-                try:
-                    jsonschema.validate(arguments, spec.parameters)
-                except jsonschema.ValidationError as error:
-                    where = "/".join(str(part) for part in error.absolute_path) or "arguments"
-                    return Judgement(
-                        Label.LACKING, f"{call.name} arguments fail its schema at {where}: {error.message}",
-                        _span(call), confidence,
-                    )  # fmt: skip
-                except jsonschema.SchemaError:
-                    continue  # the agent's own schema is broken; nothing to hold the call to
+            check = self.validator(spec.parameters) if spec.parameters else None
+            problem = check(arguments) if check is not None else None  # None: no or broken schema
+            if problem is not None:
+                where, message = problem
+                return Judgement(
+                    Label.LACKING, f"{call.name} arguments fail its schema at {where}: {message}", _span(call), confidence
+                )
         return Judgement(
             Label.PRESENT, f"all {len(trajectory.tool_calls)} calls match declared tools and schemas", (), confidence
         )
@@ -270,12 +309,7 @@ class StructuredDataReasoning:
                     by_key[key] = by_key.get(key, 0.0) + float(value)
         if not numbers:
             return Judgement(Label.NA, "no tool returned numeric records")
-        # Values read, their total, per-field totals across records, and pairwise arithmetic.
-        derivable = set(numbers) | {round(sum(numbers), 2)} | {round(total, 2) for total in by_key.values()}
-        derivable |= {round(a + b, 2) for a in numbers for b in numbers} if len(numbers) <= 60 else set()
-        derivable |= {round(a - b, 2) for a in numbers for b in numbers} if len(numbers) <= 60 else set()
-        derivable |= {round(a * b, 2) for a in numbers for b in numbers if a < 1000 and b < 1000} if len(numbers) <= 60 else set()
-        derivable |= {float(len(numbers))}
+        supported = _Derivable(numbers, by_key.values())
         stated = 0
         for turn in trajectory.turns:
             if turn.role != "assistant" or not turn.content:
@@ -286,7 +320,7 @@ class StructuredDataReasoning:
                 if not ("$" in text or "€" in text or "£" in text or "." in match.group(1) or value >= 10):
                     continue  # small bare integers are usually counts or list markers
                 stated += 1
-                if not any(abs(value - known) < 0.011 for known in derivable):
+                if not supported(value):
                     return Judgement(
                         Label.LACKING, f"states {text.strip()} which no returned record supports (message {turn.position})",
                         _span(turn),
@@ -294,6 +328,33 @@ class StructuredDataReasoning:
         if not stated:
             return Judgement(Label.NA, "no number stated from the records")
         return Judgement(Label.PRESENT, f"{stated} stated numbers match the returned records")
+
+
+class _Derivable:
+    """Whether a stated value follows from the numbers read: one of them, a total, or a pairwise result.
+
+    Values are compared in cents; pairwise sums, differences and products are found with one set
+    lookup per number read instead of materialising every pair.
+    """
+
+    def __init__(self, numbers: list[float], totals: Iterable[float]) -> None:
+        self.numbers = numbers
+        self.cents = {round(value * 100) for value in numbers}
+        self.direct = self.cents | {round(sum(numbers) * 100), len(numbers) * 100} | {round(t * 100) for t in totals}
+
+    def __call__(self, value: float) -> bool:
+        target = round(value * 100)
+        if any(abs(target - known) <= 1 for known in (target - 1, target, target + 1) if known in self.direct):
+            return True
+        for number in self.numbers:
+            cents = round(number * 100)
+            if (target - cents) in self.cents or (cents - target) in self.cents or (target + cents) in self.cents:
+                return True  # a + b, a - b
+            if number and abs(number) < 1000 and round(value / number * 100) in self.cents:
+                candidate = round(value / number * 100)
+                if abs(candidate / 100 * number - value) < 0.011:
+                    return True  # a * b
+        return False
 
 
 DESCRIPTIONS = {
