@@ -185,7 +185,8 @@ MIGRATIONS: tuple[Migration, ...] = (
                coalesce(r.outcome, 'unknown') AS outcome,
                r.reward,
                r.source AS outcome_source,
-               r.detail AS outcome_detail
+               r.detail AS outcome_detail,
+               t.end_time_unix_nano
         FROM trajectories t LEFT JOIN ranked r ON r.trajectory_id = t.trajectory_id AND r.choice = 1;
         """,
     ),

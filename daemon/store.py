@@ -503,24 +503,28 @@ class AnalysisStore:
         pass_id = cursor.execute("SELECT coalesce(max(pass_id), 0) + 1 FROM capability_stats").fetchone()[0]
         with self.store.transaction() as tx:
             _with_current(tx, current)
+            # Outcomes and current labels once per pass; each window then filters them by end time.
+            tx.execute(
+                "CREATE OR REPLACE TEMP TABLE pass_trajectories AS "
+                "SELECT trajectory_id, outcome, end_time_unix_nano AS ended FROM trajectory_outcomes"
+            )
+            tx.execute(
+                f"CREATE OR REPLACE TEMP TABLE pass_labels AS SELECT l.capability, l.run, l.trajectory_id, l.label "
+                f"FROM labels l JOIN {_CURRENT} c USING (capability, labeler, labeler_version) WHERE l.label <> 'ERROR'"
+            )
             for window_name, start_ns in windows:
                 tx.execute(
                     f"""
                     INSERT INTO capability_stats
                     WITH traj AS (
-                        SELECT t.trajectory_id, o.outcome FROM trajectories t
-                        JOIN trajectory_outcomes o USING (trajectory_id)
-                        WHERE t.end_time_unix_nano >= ?
+                        SELECT trajectory_id, outcome FROM pass_trajectories WHERE ended >= ?
                     ),
                     totals AS (
                         SELECT count(*) FILTER (WHERE outcome = 'failure') AS failed FROM traj
                     ),
                     per_run AS (
                         SELECT l.capability, l.run, l.trajectory_id, l.label, traj.outcome
-                        FROM labels l
-                        JOIN {_CURRENT} c USING (capability, labeler, labeler_version)
-                        JOIN traj USING (trajectory_id)
-                        WHERE l.label <> 'ERROR'
+                        FROM pass_labels l JOIN traj USING (trajectory_id)
                     ),
                     voted AS (
                         SELECT capability, trajectory_id, any_value(outcome) AS outcome, mode(label) AS label
@@ -590,6 +594,8 @@ class AnalysisStore:
                         "window_name": window_name,
                     },
                 )
+            tx.execute("DROP TABLE pass_trajectories")
+            tx.execute("DROP TABLE pass_labels")
             tx.unregister(_CURRENT)
         return pass_id
 
