@@ -55,6 +55,24 @@ class _Entry:
     span_id: str
 
 
+_INPUT_KEYS = ("gen_ai.input.messages",)
+_INPUT_PREFIXES = ("gen_ai.prompt.", "llm.input_messages.")
+_DEFINITION_KEY = "gen_ai.tool.definitions"
+
+
+def _without_inputs(attributes: dict[str, Any], seen_definitions: set[str]) -> dict[str, Any]:
+    """The attributes minus the input history (and tool definitions already parsed for this trajectory)."""
+    definitions = attributes.get(_DEFINITION_KEY)
+    repeated = isinstance(definitions, str) and definitions in seen_definitions
+    if isinstance(definitions, str):
+        seen_definitions.add(definitions)
+    return {
+        key: value
+        for key, value in attributes.items()
+        if key not in _INPUT_KEYS and not key.startswith(_INPUT_PREFIXES) and not (repeated and key == _DEFINITION_KEY)
+    }
+
+
 def merge_transcript(transcript: list[_Entry], incoming: Iterable[Message], trace_id: str, span_id: str) -> None:
     """Append the messages of `incoming` not already at the end of `transcript`.
 
@@ -218,12 +236,38 @@ class Assembler:
         rows: DerivedRows,
         definitions: dict[tuple[str, str], tuple],
     ) -> None:
+        # Each model call resends the whole history, so parsing every call's input is quadratic in
+        # the conversation's length. Inputs are parsed for the last call only; earlier calls are
+        # parsed in full only when their outputs are missing from that last history.
         views: list[tuple[dict[str, Any], SpanView, dict[str, Any], list[dict[str, Any]]]] = []
+        seen_definitions: set[str] = set()
         for span in spans:
             attributes = _json(span["attributes"]) or {}
             events = _json(span["events"]) or []
-            view = interpret(span["name"], attributes, events, span["status_code"], span["status_message"] or "")
+            view = interpret(
+                span["name"], _without_inputs(attributes, seen_definitions), events,
+                span["status_code"], span["status_message"] or "",
+            )  # fmt: skip
             views.append((span, view, attributes, events))
+        chats = [index for index, (_, view, _, _) in enumerate(views) if view.operation == "chat"]
+        history_from = set(chats)
+        if chats:
+            full = lambda index: interpret(  # noqa: E731
+                views[index][0]["name"], views[index][2], views[index][3],
+                views[index][0]["status_code"], views[index][0]["status_message"] or "",
+            )  # fmt: skip
+            last = full(chats[-1])
+            known = {_message_key(message) for message in [*last.input_messages, *last.output_messages]}
+            covered = all(
+                _message_key(message) in known for index in chats[:-1] for message in views[index][1].output_messages
+            )
+            if covered:
+                history_from = {chats[-1]}
+            for index in sorted(history_from):
+                span, view, attributes, events = views[index]
+                parsed = last if index == chats[-1] else full(index)
+                parsed.tool_definitions = parsed.tool_definitions or view.tool_definitions
+                views[index] = (span, parsed, attributes, events)
 
         roots = [span for span in spans if not span["parent_span_id"]]
         first_root = roots[0] if roots else spans[0]
@@ -234,10 +278,10 @@ class Assembler:
         executions: list[tuple[dict[str, Any], ToolExecution]] = []
         tools: dict[str, tuple[str, str | None]] = {}
         system_text: tuple[str, dict[str, Any]] | None = None
-        for span, view, _, _ in views:
-            if view.operation == "chat":
-                if view.system_instructions and system_text is None:
-                    system_text = (view.system_instructions, span)
+        for index, (span, view, _, _) in enumerate(views):
+            if view.operation == "chat" and view.system_instructions and system_text is None:
+                system_text = (view.system_instructions, span)
+            if index in history_from:
                 merge_transcript(transcript, view.input_messages, span["trace_id"], span["span_id"])
                 merge_transcript(transcript, view.output_messages, span["trace_id"], span["span_id"])
             if view.tool_execution is not None:
