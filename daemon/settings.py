@@ -27,6 +27,10 @@ class StoreSettings(Section):
     path: Path = Field(Path(".tracefix/tracefix.duckdb"), description="DuckDB file; its folder is created at start.")
     memory_limit: str = Field("2GB", description="DuckDB memory_limit for the daemon's connection.")
     threads: int = Field(2, ge=1, description="DuckDB worker threads.")
+    checkpoint_threshold: str = Field(
+        "16MB",
+        description="WAL size that triggers a checkpoint; larger means fewer but longer ingest pauses and a longer replay after a crash.",
+    )
 
 
 class WriterSettings(Section):
@@ -53,7 +57,13 @@ class CollectorSettings(Section):
 
 class AssemblerSettings(Section):
     interval_s: float = Field(1.0, gt=0, description="How often new spans are assembled into trajectories.")
-    max_traces_per_pass: int = Field(5000, ge=1, description="Most traces assembled in one pass.")
+    max_traces_per_pass: int = Field(1000, ge=1, description="Most traces assembled in one pass.")
+    idle_s: float = Field(
+        0.5, ge=0, description="Assembly waits while a commit happened this recently (ingest has priority)..."
+    )
+    max_lag_batches: int = Field(
+        200, ge=1, description="...unless this many committed batches are waiting to be assembled."
+    )
 
 
 class OutcomeSettings(Section):

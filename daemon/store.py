@@ -97,7 +97,11 @@ class Store:
         try:
             self._connection = duckdb.connect(
                 str(self.path),
-                config={"memory_limit": settings.memory_limit, "threads": settings.threads},
+                config={
+                    "memory_limit": settings.memory_limit,
+                    "threads": settings.threads,
+                    "checkpoint_threshold": settings.checkpoint_threshold,
+                },
             )
         except duckdb.IOException as error:
             raise StoreError(

@@ -54,6 +54,7 @@ class BatchedWriter:
         self._thread = threading.Thread(target=self._run, name="tracefix-writer", daemon=True)
         self.committed_batch = self._batch
         self.commit_listeners: list[Any] = []
+        self.last_commit_at = 0.0  # time.monotonic() of the latest commit
 
     def start(self) -> None:
         self._thread.start()
@@ -82,6 +83,10 @@ class BatchedWriter:
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join(timeout)
+
+    def busy(self, within_s: float) -> bool:
+        """Whether rows are waiting or a commit happened in the last `within_s` seconds."""
+        return self._pending > 0 or time.monotonic() - self.last_commit_at < within_s
 
     @property
     def running(self) -> bool:
@@ -128,6 +133,7 @@ class BatchedWriter:
             metrics.COMMIT_SECONDS.observe(time.perf_counter() - started)
             metrics.COMMIT_ROWS.observe(size)
             self.committed_batch = self._batch
+            self.last_commit_at = time.monotonic()
             span_rows = spans.num_rows if spans is not None else 0
             log_rows = logs.num_rows if logs is not None else 0
             metrics.SPANS_DUPLICATE.labels("traces").inc(span_rows - result.spans_inserted)
