@@ -28,6 +28,7 @@ test-slow: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/analysis.py
 
 clean:
 	rm -rf $(VENV) .tracefix .pytest_cache

@@ -177,7 +177,7 @@ class Assembler:
         spans = self.store.spans_of_traces(all_traces)
         conversations = [trajectory_id for trajectory_id, traces in groups.items() if trajectory_id not in traces]
         logs = self.store.logs_of_traces(all_traces, conversations)
-        rows = self.build(groups, spans, logs, reach_span)
+        rows = self.build(groups, spans, logs, max(reach_span, reach_log))
         self.store.replace_derived(rows, reach_span, reach_log)
         self.position = (reach_span, reach_log)
         if complete:

@@ -100,6 +100,17 @@ class Analyzer:
         self.settings = settings
         for window in settings.windows + [settings.selection_window]:
             window_start_ns(window)  # invalid windows fail at start, not in the middle of a pass
+        # Every trajectory assembled up to this batch has current labels (-1: unknown, scan all).
+        # A daemon start scans all once, so a changed labeler version relabels old trajectories.
+        self.labeled_through = -1
+        self._generation = 0  # bumped by forget(), so a pass running meanwhile cannot skip the relabel
+
+    def forget(self, capability: str | None = None) -> int:
+        """Drop labels (all, or one capability's) so the next pass labels again."""
+        self._generation += 1
+        removed = self.store.forget_labels(capability)
+        self.labeled_through = -1
+        return removed
 
     def current(self) -> list[tuple[str, str, str]]:
         return [(c.name, c.labeler.name, c.labeler.version) for c in self.registry]
@@ -148,8 +159,12 @@ class Analyzer:
         current = self.current()
         if not current:
             return 0
-        ids = self.store.trajectories_to_label(current, self.settings.label_batch)
+        generation = self._generation
+        through = self.store.last_assembled_batch()  # read first: anything later is left for the next pass
+        ids = self.store.trajectories_to_label(current, self.settings.label_batch, self.labeled_through)
         if not ids:
+            if generation == self._generation:
+                self.labeled_through = through
             return 0
         now = datetime.now(timezone.utc)
         batches: dict[str, int] = {}
@@ -166,6 +181,8 @@ class Analyzer:
                     )
         self.store.replace_labels(ids, [(c.name, c.labeler.name) for c in self.registry], rows)
         metrics.LABELS.inc(len(rows))
+        if len(ids) < self.settings.label_batch and generation == self._generation:
+            self.labeled_through = through
         return len(ids)
 
     @staticmethod

@@ -161,7 +161,7 @@ def create_api(daemon: Daemon) -> FastAPI:
         capability = body.capability if body else None
         if capability is not None and capability not in daemon.registry:
             raise HTTPException(404, f"unknown capability {capability!r}")
-        removed = daemon.analysis_store.forget_labels(capability)
+        removed = daemon.analyzer.forget(capability)
         return {"labels_removed": removed, "capability": capability}
 
     @api.post("/api/capabilities/discover")

@@ -177,7 +177,7 @@ class Store:
         return done
 
     def schema_version(self) -> int:
-        return self.cursor.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()[0]
+        return self.cursor.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchall()[0][0]
 
     # -- ingest --------------------------------------------------------------------------------
 
@@ -185,7 +185,7 @@ class Store:
         return self.cursor.execute(
             "SELECT greatest((SELECT coalesce(max(ingest_batch), 0) FROM spans), "
             "(SELECT coalesce(max(ingest_batch), 0) FROM logs))"
-        ).fetchone()[0]
+        ).fetchall()[0][0]
 
     def append(self, spans: pa.Table | None, logs: pa.Table | None, batch: int) -> AppendResult:
         """Insert spans and logs in one durable transaction; rows already stored are skipped."""
@@ -197,7 +197,7 @@ class Store:
                     "INSERT OR IGNORE INTO spans SELECT *, ? AS ingest_batch, now() AS received_at "
                     "FROM incoming_spans",
                     [batch],
-                ).fetchone()[0]
+                ).fetchall()[0][0]
                 tx.unregister("incoming_spans")
             if logs is not None and logs.num_rows:
                 tx.register("incoming_logs", logs)
@@ -205,7 +205,7 @@ class Store:
                     "INSERT OR IGNORE INTO logs SELECT *, ? AS ingest_batch, now() AS received_at "
                     "FROM incoming_logs",
                     [batch],
-                ).fetchone()[0]
+                ).fetchall()[0][0]
                 tx.unregister("incoming_logs")
         return AppendResult(spans_inserted, logs_inserted)
 
@@ -214,7 +214,7 @@ class Store:
     def assembler_position(self) -> tuple[int, int]:
         return self.cursor.execute(
             "SELECT last_span_batch, last_log_batch FROM assembler_state WHERE id = 1"
-        ).fetchone()
+        ).fetchall()[0]
 
     def pending_traces(
         self, after_span_batch: int, after_log_batch: int, limit: int
@@ -240,7 +240,7 @@ class Store:
         reach_log = cursor.execute(
             "SELECT coalesce(max(ingest_batch), ?) FROM logs WHERE ingest_batch > ?",
             [after_log_batch, after_log_batch],
-        ).fetchone()[0]
+        ).fetchall()[0][0]
         rows = cursor.execute(
             """
             SELECT DISTINCT trace_id FROM spans WHERE ingest_batch > ? AND ingest_batch <= ?
@@ -340,7 +340,7 @@ class Store:
         cursor = self.cursor
         counts = {}
         for table in ("spans", "logs", "trajectories", "messages", "tool_calls", "tool_definitions"):
-            counts[table] = cursor.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+            counts[table] = cursor.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0]
         counts.update(
             dict(cursor.execute("SELECT outcome, count(*) FROM trajectory_outcomes GROUP BY outcome").fetchall())
         )
@@ -408,29 +408,39 @@ class AnalysisStore:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def trajectories_to_label(self, current: Sequence[tuple[str, str, str]], limit: int) -> list[str]:
-        """Trajectories missing a current label for some capability, or reassembled since labeling."""
+    def trajectories_to_label(
+        self, current: Sequence[tuple[str, str, str]], limit: int, after_batch: int = -1
+    ) -> list[str]:
+        """Trajectories missing a current label for some capability, or reassembled since labeling.
+
+        With `after_batch`, only trajectories assembled after that batch are considered (the
+        caller knows everything older is labeled), which keeps incremental passes cheap.
+        """
         cursor = self.store.cursor
         _with_current(cursor, current)
         rows = cursor.execute(
             f"""
-            WITH fresh AS (
+            WITH candidates AS (SELECT trajectory_id, updated_batch FROM trajectories WHERE updated_batch > ?),
+            fresh AS (
                 SELECT l.trajectory_id, count(DISTINCT l.capability) AS labeled
                 FROM labels l
                 JOIN {_CURRENT} c USING (capability, labeler, labeler_version)
-                JOIN trajectories t USING (trajectory_id)
+                JOIN candidates t USING (trajectory_id)
                 WHERE l.labeled_batch >= t.updated_batch
                 GROUP BY l.trajectory_id
             )
-            SELECT t.trajectory_id FROM trajectories t LEFT JOIN fresh f USING (trajectory_id)
+            SELECT t.trajectory_id FROM candidates t LEFT JOIN fresh f USING (trajectory_id)
             WHERE coalesce(f.labeled, 0) < (SELECT count(*) FROM {_CURRENT})
             ORDER BY t.updated_batch, t.trajectory_id
             LIMIT ?
             """,
-            [limit],
+            [after_batch, limit],
         ).fetchall()
         cursor.unregister(_CURRENT)
         return [row[0] for row in rows]
+
+    def last_assembled_batch(self) -> int:
+        return self.store.cursor.execute("SELECT coalesce(max(updated_batch), 0) FROM trajectories").fetchall()[0][0]
 
     def labeling_inputs(self, trajectory_ids: list[str]) -> dict[str, Any]:
         """Everything labelers read for these trajectories, fetched in a handful of bulk queries."""
@@ -485,8 +495,8 @@ class AnalysisStore:
         """Delete labels (of one capability, or all) so the next pass relabels without re-ingesting."""
         with self.store.transaction() as tx:
             if capability is None:
-                return tx.execute("DELETE FROM labels").fetchone()[0]
-            return tx.execute("DELETE FROM labels WHERE capability = ?", [capability]).fetchone()[0]
+                return tx.execute("DELETE FROM labels").fetchall()[0][0]
+            return tx.execute("DELETE FROM labels WHERE capability = ?", [capability]).fetchall()[0][0]
 
     def compute_stats(
         self,
@@ -504,7 +514,7 @@ class AnalysisStore:
         `consistency` of the runs pass it too.
         """
         cursor = self.store.cursor
-        pass_id = cursor.execute("SELECT coalesce(max(pass_id), 0) + 1 FROM capability_stats").fetchone()[0]
+        pass_id = cursor.execute("SELECT coalesce(max(pass_id), 0) + 1 FROM capability_stats").fetchall()[0][0]
         with self.store.transaction() as tx:
             _with_current(tx, current)
             # Outcomes and current labels once per pass; each window then filters them by end time.
@@ -512,8 +522,10 @@ class AnalysisStore:
                 "CREATE OR REPLACE TEMP TABLE pass_trajectories AS "
                 "SELECT trajectory_id, outcome, end_time_unix_nano AS ended FROM trajectory_outcomes"
             )
+            # `multi`: the capability's labeler repeats runs (LLM); single-run labels need no vote.
             tx.execute(
-                f"CREATE OR REPLACE TEMP TABLE pass_labels AS SELECT l.capability, l.run, l.trajectory_id, l.label "
+                f"CREATE OR REPLACE TEMP TABLE pass_labels AS "
+                f"SELECT l.capability, l.run, l.trajectory_id, l.label, max(l.run) OVER (PARTITION BY l.capability) > 0 AS multi "
                 f"FROM labels l JOIN {_CURRENT} c USING (capability, labeler, labeler_version) WHERE l.label <> 'ERROR'"
             )
             for window_name, start_ns in windows:
@@ -527,12 +539,14 @@ class AnalysisStore:
                         SELECT count(*) FILTER (WHERE outcome = 'failure') AS failed FROM traj
                     ),
                     per_run AS (
-                        SELECT l.capability, l.run, l.trajectory_id, l.label, traj.outcome
+                        SELECT l.capability, l.run, l.trajectory_id, l.label, l.multi, traj.outcome
                         FROM pass_labels l JOIN traj USING (trajectory_id)
                     ),
                     voted AS (
-                        SELECT capability, trajectory_id, any_value(outcome) AS outcome, mode(label) AS label
-                        FROM per_run GROUP BY capability, trajectory_id
+                        SELECT capability, trajectory_id, outcome, label FROM per_run WHERE NOT multi
+                        UNION ALL
+                        SELECT capability, trajectory_id, any_value(outcome), mode(label)
+                        FROM per_run WHERE multi GROUP BY capability, trajectory_id
                     ),
                     counts AS (
                         SELECT capability,
@@ -554,7 +568,7 @@ class AnalysisStore:
                                 AS delta,
                             count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING')::DOUBLE
                                 / nullif((SELECT failed FROM totals), 0) AS coverage
-                        FROM per_run GROUP BY capability, run
+                        FROM per_run WHERE multi GROUP BY capability, run
                     ),
                     runs AS (
                         SELECT capability, count(*) AS runs,
@@ -562,21 +576,30 @@ class AnalysisStore:
                         FROM run_selection GROUP BY capability
                     ),
                     rates AS (
-                        SELECT c.*, r.runs, r.runs_selected,
+                        SELECT c.*, r.runs AS multi_runs, r.runs_selected AS multi_selected,
                             lacking_success::DOUBLE / nullif(needed_success, 0) AS er_plus,
                             lacking_failure::DOUBLE / nullif(needed_failure, 0) AS er_minus,
                             lacking_failure::DOUBLE / nullif((SELECT failed FROM totals), 0) AS coverage,
                             needed_failure::DOUBLE / nullif(needed_success + needed_failure, 0) AS failure_rate
-                        FROM counts c JOIN runs r USING (capability)
+                        FROM counts c LEFT JOIN runs r USING (capability)
+                    ),
+                    gaps AS (
+                        SELECT *, er_minus - coalesce(er_plus, 0) AS delta,
+                            coalesce(er_minus - coalesce(er_plus, 0) >= $min_delta AND coverage >= $min_coverage, false)
+                                AS gap
+                        FROM rates
+                    ),
+                    voted_runs AS (
+                        -- A single-run labeler is one run that selects when its labels show the gap.
+                        SELECT *, coalesce(multi_runs, 1) AS runs,
+                            coalesce(multi_selected, CASE WHEN gap THEN 1 ELSE 0 END) AS runs_selected
+                        FROM gaps
                     ),
                     decided AS (
                         SELECT *,
-                            er_minus - coalesce(er_plus, 0) AS delta,
-                            coalesce(er_minus - coalesce(er_plus, 0) >= $min_delta
-                                AND coverage >= $min_coverage
-                                AND needed_failure >= $min_failures
-                                AND runs_selected >= ceil($consistency * runs), false) AS selected
-                        FROM rates
+                            gap AND needed_failure >= $min_failures AND runs_selected >= ceil($consistency * runs)
+                                AS selected
+                        FROM voted_runs
                     )
                     SELECT $pass_id, now(), $window_name, capability,
                         n_success, n_failure, n_unknown, needed_success, needed_failure, lacking_success, lacking_failure,
@@ -688,7 +711,7 @@ class AnalysisStore:
                 "INSERT INTO training_requests (capability, created_at, source, status, reason, requested_by, stats) "
                 "VALUES (?, now(), ?, 'open', ?, ?, ?) RETURNING request_id",
                 [capability, source, reason, requested_by, stats],
-            ).fetchone()[0]
+            ).fetchall()[0][0]
         return self.store.query("SELECT * FROM training_requests WHERE request_id = ?", [request_id])[0]
 
     def training_requests(self, status: str | None = None) -> list[dict[str, Any]]:
@@ -726,7 +749,7 @@ class AnalysisStore:
         base = (
             f"FROM trajectories t JOIN trajectory_outcomes o USING (trajectory_id) {label_join} WHERE {where}"
         )
-        total = self.store.cursor.execute(f"SELECT count(*) {base}", parameters).fetchone()[0]
+        total = self.store.cursor.execute(f"SELECT count(*) {base}", parameters).fetchall()[0][0]
         items = self.store.query(
             "SELECT t.trajectory_id, t.service_name, t.agent_name, t.conversation_id, t.root_name, "
             "t.start_time_unix_nano, t.end_time_unix_nano, t.n_spans, t.n_llm_calls, t.n_tool_calls, "
@@ -768,7 +791,7 @@ class AnalysisStore:
     ) -> bool:
         """Record feedback; False when the trajectory does not exist. Re-sending the same id is idempotent."""
         with self.store.transaction() as tx:
-            exists = tx.execute("SELECT count(*) FROM trajectories WHERE trajectory_id = ?", [trajectory_id]).fetchone()[0]
+            exists = tx.execute("SELECT count(*) FROM trajectories WHERE trajectory_id = ?", [trajectory_id]).fetchall()[0][0]
             if not exists:
                 return False
             tx.execute(
@@ -791,6 +814,6 @@ class AnalysisStore:
     def delete_spans_before(self, cutoff_ns: int) -> tuple[int, int]:
         """Retention: drop spans and logs that ended before the cutoff; derived tables and labels stay."""
         with self.store.transaction() as tx:
-            spans = tx.execute("DELETE FROM spans WHERE end_time_unix_nano < ?", [cutoff_ns]).fetchone()[0]
-            logs = tx.execute("DELETE FROM logs WHERE time_unix_nano < ?", [cutoff_ns]).fetchone()[0]
+            spans = tx.execute("DELETE FROM spans WHERE end_time_unix_nano < ?", [cutoff_ns]).fetchall()[0][0]
+            logs = tx.execute("DELETE FROM logs WHERE time_unix_nano < ?", [cutoff_ns]).fetchall()[0][0]
         return spans, logs
