@@ -166,6 +166,12 @@ def capabilities(config_path: Path | None, as_json: bool, window: str | None) ->
     for item in items:
         if item["selected"] or item["state"] != "healthy":
             console.print(f"[bold]{item['name']}[/bold] {item['state']}: {item['state_reason']}")
+        request = item.get("open_training_request")
+        if request:
+            console.print(
+                f"  training request #{request['request_id']} {request['status']} ({request['source']}, "
+                f"{request['created_at']}): {request['reason']}"
+            )
 
 
 @main.command()
