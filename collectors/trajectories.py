@@ -157,13 +157,14 @@ class Assembler:
         # Every ingest batch up to this one is assembled (spans and logs share one batch sequence).
         self.assembled_batch = max(self.position)
 
-    def run_pass(self) -> int:
-        """Assemble what was committed since the last pass; returns how many trajectories were rebuilt."""
+    def run_pass(self, max_traces: int | None = None) -> int:
+        """Assemble what was committed since the last pass (at most `max_traces` traces, default
+        from the settings); returns how many trajectories were rebuilt."""
         started = time.perf_counter()
         committed = self._committed_batch()  # read first: every batch up to it is visible below
         span_batch, log_batch = self.position
         trace_ids, reach_span, reach_log, complete = self.store.pending_traces(
-            span_batch, log_batch, self.settings.max_traces_per_pass
+            span_batch, log_batch, max_traces or self.settings.max_traces_per_pass
         )
         if not trace_ids:
             if (reach_span, reach_log) != self.position:

@@ -104,15 +104,15 @@ class Daemon:
         return run
 
     def _assemble(self) -> None:
-        # Ingest first: while exporters are sending, assembly waits unless it falls too far behind.
-        lag = self.writer.committed_batch - self.assembler.assembled_batch
-        if self.writer.busy(self.settings.assembler.idle_s) and lag < self.settings.assembler.max_lag_batches:
-            metrics.ASSEMBLER_LAG.set(lag)
-            return
-        # One bounded pass while ingest is busy; catch up fully when it is quiet.
-        for _ in range(1 if self.writer.busy(self.settings.assembler.idle_s) else 50):
-            if not self.assembler.run_pass():
-                break
+        # Ingest first: while exporters are sending, assemble in small passes so no pass holds
+        # the interpreter long enough to stall a request; catch up fully once ingest is quiet.
+        settings = self.settings.assembler
+        if self.writer.busy(settings.idle_s):
+            self.assembler.run_pass(settings.busy_traces_per_pass)
+        else:
+            for _ in range(50):
+                if not self.assembler.run_pass():
+                    break
         metrics.ASSEMBLER_LAG.set(max(0, self.writer.committed_batch - self.assembler.assembled_batch))
 
     def _analyze(self) -> None:

@@ -58,11 +58,9 @@ class CollectorSettings(Section):
 class AssemblerSettings(Section):
     interval_s: float = Field(1.0, gt=0, description="How often new spans are assembled into trajectories.")
     max_traces_per_pass: int = Field(1000, ge=1, description="Most traces assembled in one pass.")
-    idle_s: float = Field(
-        0.5, ge=0, description="Assembly waits while a commit happened this recently (ingest has priority)..."
-    )
-    max_lag_batches: int = Field(
-        200, ge=1, description="...unless this many committed batches are waiting to be assembled."
+    idle_s: float = Field(0.5, ge=0, description="Ingest counts as busy while a commit happened this recently.")
+    busy_traces_per_pass: int = Field(
+        100, ge=1, description="Most traces per pass while ingest is busy: short passes keep request latency low."
     )
 
 
