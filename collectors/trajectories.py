@@ -308,13 +308,14 @@ class Assembler:
                     message.name,
                     entry.trace_id,
                     entry.span_id,
+                    batch,
                 )
             )
 
-        tool_calls = self._tool_calls(trajectory_id, transcript, executions)
+        tool_calls = self._tool_calls(trajectory_id, transcript, executions, batch)
         rows.tool_calls.extend(tool_calls)
         for name, (description, parameters) in sorted(tools.items()):
-            rows.trajectory_tools.append((trajectory_id, name, description, parameters))
+            rows.trajectory_tools.append((trajectory_id, name, description, parameters, batch))
             definitions[(service_name, name)] = (service_name, name, description, parameters)
 
         rows.outcomes.extend(self._outcomes(trajectory_id, views, logs, now))
@@ -343,7 +344,11 @@ class Assembler:
         )
 
     def _tool_calls(
-        self, trajectory_id: str, transcript: list[_Entry], executions: list[tuple[dict[str, Any], ToolExecution]]
+        self,
+        trajectory_id: str,
+        transcript: list[_Entry],
+        executions: list[tuple[dict[str, Any], ToolExecution]],
+        batch: int,
     ) -> list[tuple]:
         """Executed tools (tool spans) first-class; requested calls without a span fill the gaps."""
         results = {
@@ -407,7 +412,7 @@ class Assembler:
             )
         # Order by when the call happened: the message that asked for it, else the span's start.
         rows.sort(key=lambda row: (row[6] if row[6] is not None else 1 << 30, row[9]))
-        return [(trajectory_id, position, *row) for position, row in enumerate(rows)]
+        return [(trajectory_id, position, *row, batch) for position, row in enumerate(rows)]
 
     def _outcomes(
         self,

@@ -103,6 +103,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             name VARCHAR,
             trace_id VARCHAR NOT NULL,
             span_id VARCHAR NOT NULL,
+            updated_batch BIGINT NOT NULL,  -- the trajectory's; lets reads of new rows skip old row groups
             PRIMARY KEY (trajectory_id, position)
         );
         CREATE TABLE tool_calls (
@@ -118,6 +119,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             trace_id VARCHAR NOT NULL,
             span_id VARCHAR NOT NULL,
             start_time_unix_nano UBIGINT NOT NULL,
+            updated_batch BIGINT NOT NULL,
             PRIMARY KEY (trajectory_id, position)
         );
         CREATE TABLE tool_definitions (
@@ -134,6 +136,7 @@ MIGRATIONS: tuple[Migration, ...] = (
             tool_name VARCHAR NOT NULL,
             description VARCHAR NOT NULL,
             parameters VARCHAR,
+            updated_batch BIGINT NOT NULL,
             PRIMARY KEY (trajectory_id, tool_name)
         );
         -- One row per piece of outcome evidence; trajectory_outcomes picks by precedence.

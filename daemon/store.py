@@ -445,36 +445,40 @@ class AnalysisStore:
     def labeling_inputs(self, trajectory_ids: list[str]) -> dict[str, Any]:
         """Everything labelers read for these trajectories, fetched in a handful of bulk queries."""
         cursor = self.store.cursor
-        ids = [trajectory_ids]
+        trajectories = _dicts(
+            cursor.execute(
+                "SELECT t.trajectory_id, t.service_name, t.updated_batch, o.outcome FROM trajectories t "
+                "JOIN trajectory_outcomes o USING (trajectory_id) "
+                "WHERE t.trajectory_id IN (SELECT unnest(?::VARCHAR[]))",
+                [trajectory_ids],
+            )
+        )
+        # Rows carry their trajectory's batch: the filter lets DuckDB skip older row groups.
+        oldest = min((row["updated_batch"] for row in trajectories), default=0)
+        ids = [oldest, trajectory_ids]
         return {
-            "trajectories": _dicts(
-                cursor.execute(
-                    "SELECT t.trajectory_id, t.service_name, t.updated_batch, o.outcome FROM trajectories t "
-                    "JOIN trajectory_outcomes o USING (trajectory_id) "
-                    "WHERE t.trajectory_id IN (SELECT unnest(?::VARCHAR[]))",
-                    ids,
-                )
-            ),
+            "trajectories": trajectories,
             "messages": cursor.execute(
                 "SELECT trajectory_id, position, role, content, tool_calls, tool_call_id, span_id FROM messages "
-                "WHERE trajectory_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY trajectory_id, position",
+                "WHERE updated_batch >= ? AND trajectory_id IN (SELECT unnest(?::VARCHAR[])) "
+                "ORDER BY trajectory_id, position",
                 ids,
             ).fetchall(),
             "tool_calls": cursor.execute(
                 "SELECT trajectory_id, position, tool_name, call_id, arguments, result, error, message_position, span_id "
-                "FROM tool_calls WHERE trajectory_id IN (SELECT unnest(?::VARCHAR[])) ORDER BY trajectory_id, position",
+                "FROM tool_calls WHERE updated_batch >= ? AND trajectory_id IN (SELECT unnest(?::VARCHAR[])) "
+                "ORDER BY trajectory_id, position",
                 ids,
             ).fetchall(),
             "trajectory_tools": cursor.execute(
                 "SELECT trajectory_id, tool_name, description, parameters FROM trajectory_tools "
-                "WHERE trajectory_id IN (SELECT unnest(?::VARCHAR[]))",
+                "WHERE updated_batch >= ? AND trajectory_id IN (SELECT unnest(?::VARCHAR[]))",
                 ids,
             ).fetchall(),
             "agent_tools": cursor.execute(
                 "SELECT service_name, tool_name, description, parameters FROM tool_definitions "
-                "WHERE service_name IN (SELECT DISTINCT service_name FROM trajectories "
-                "WHERE trajectory_id IN (SELECT unnest(?::VARCHAR[])))",
-                ids,
+                "WHERE service_name IN (SELECT unnest(?::VARCHAR[]))",
+                [sorted({row["service_name"] for row in trajectories})],
             ).fetchall(),
         }
 
