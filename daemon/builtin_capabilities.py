@@ -8,7 +8,7 @@ deterministic, no model.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,15 +34,19 @@ def _span(call_or_turn: Any) -> tuple[str, ...]:
     return (call_or_turn.span_id,) if getattr(call_or_turn, "span_id", None) else ()
 
 
-def _walk(value: Any, key: str = "") -> Iterator[tuple[str, Any]]:
-    if isinstance(value, dict):
-        for inner_key, inner in value.items():
-            yield from _walk(inner, str(inner_key))
-    elif isinstance(value, list):
-        for inner in value:
-            yield from _walk(inner, key)
-    else:
-        yield key, value
+def _walk(value: Any, key: str = "") -> list[tuple[str, Any]]:
+    """Every scalar in a JSON value with the key it sits under (list items inherit their list's key)."""
+    leaves: list[tuple[str, Any]] = []
+    stack = [(key, value)]
+    while stack:  # iterative: nested generators cost more than the labeling itself
+        key, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((str(inner_key), inner) for inner_key, inner in value.items())
+        elif isinstance(value, list):
+            stack.extend((key, inner) for inner in value)
+        else:
+            leaves.append((key, value))
+    return leaves
 
 
 def _id_values(arguments: Any) -> list[str]:

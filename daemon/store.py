@@ -521,7 +521,7 @@ class AnalysisStore:
         pass_id = cursor.execute("SELECT coalesce(max(pass_id), 0) + 1 FROM capability_stats").fetchall()[0][0]
         with self.store.transaction() as tx:
             _with_current(tx, current)
-            # Outcomes and current labels once per pass; each window then filters them by end time.
+            # Outcomes and current labels once per pass.
             tx.execute(
                 "CREATE OR REPLACE TEMP TABLE pass_trajectories AS "
                 "SELECT trajectory_id, outcome, end_time_unix_nano AS ended FROM trajectory_outcomes"
@@ -532,99 +532,110 @@ class AnalysisStore:
                 f"SELECT l.capability, l.run, l.trajectory_id, l.label, max(l.run) OVER (PARTITION BY l.capability) > 0 AS multi "
                 f"FROM labels l JOIN {_CURRENT} c USING (capability, labeler, labeler_version) WHERE l.label <> 'ERROR'"
             )
-            for window_name, start_ns in windows:
-                tx.execute(
-                    f"""
-                    INSERT INTO capability_stats
-                    WITH traj AS (
-                        SELECT trajectory_id, outcome FROM pass_trajectories WHERE ended >= ?
-                    ),
-                    totals AS (
-                        SELECT count(*) FILTER (WHERE outcome = 'failure') AS failed FROM traj
-                    ),
-                    per_run AS (
-                        SELECT l.capability, l.run, l.trajectory_id, l.label, l.multi, traj.outcome
-                        FROM pass_labels l JOIN traj USING (trajectory_id)
-                    ),
-                    voted AS (
-                        SELECT capability, trajectory_id, outcome, label FROM per_run WHERE NOT multi
-                        UNION ALL
-                        SELECT capability, trajectory_id, any_value(outcome), mode(label)
-                        FROM per_run WHERE multi GROUP BY capability, trajectory_id
-                    ),
-                    counts AS (
-                        SELECT capability,
-                            count(*) FILTER (WHERE outcome = 'success') AS n_success,
-                            count(*) FILTER (WHERE outcome = 'failure') AS n_failure,
-                            count(*) FILTER (WHERE outcome = 'unknown') AS n_unknown,
-                            count(*) FILTER (WHERE outcome = 'success' AND label <> 'NA') AS needed_success,
-                            count(*) FILTER (WHERE outcome = 'failure' AND label <> 'NA') AS needed_failure,
-                            count(*) FILTER (WHERE outcome = 'success' AND label = 'LACKING') AS lacking_success,
-                            count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING') AS lacking_failure
-                        FROM voted GROUP BY capability
-                    ),
-                    run_selection AS (
-                        SELECT capability, run,
-                            count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING')::DOUBLE
-                                / nullif(count(*) FILTER (WHERE outcome = 'failure' AND label <> 'NA'), 0)
-                            - coalesce(count(*) FILTER (WHERE outcome = 'success' AND label = 'LACKING')::DOUBLE
-                                / nullif(count(*) FILTER (WHERE outcome = 'success' AND label <> 'NA'), 0), 0)
-                                AS delta,
-                            count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING')::DOUBLE
-                                / nullif((SELECT failed FROM totals), 0) AS coverage
-                        FROM per_run WHERE multi GROUP BY capability, run
-                    ),
-                    runs AS (
-                        SELECT capability, count(*) AS runs,
-                            count(*) FILTER (WHERE delta >= $min_delta AND coverage >= $min_coverage) AS runs_selected
-                        FROM run_selection GROUP BY capability
-                    ),
-                    rates AS (
-                        SELECT c.*, r.runs AS multi_runs, r.runs_selected AS multi_selected,
-                            lacking_success::DOUBLE / nullif(needed_success, 0) AS er_plus,
-                            lacking_failure::DOUBLE / nullif(needed_failure, 0) AS er_minus,
-                            lacking_failure::DOUBLE / nullif((SELECT failed FROM totals), 0) AS coverage,
-                            needed_failure::DOUBLE / nullif(needed_success + needed_failure, 0) AS failure_rate
-                        FROM counts c LEFT JOIN runs r USING (capability)
-                    ),
-                    gaps AS (
-                        SELECT *, er_minus - coalesce(er_plus, 0) AS delta,
-                            coalesce(er_minus - coalesce(er_plus, 0) >= $min_delta AND coverage >= $min_coverage, false)
-                                AS gap
-                        FROM rates
-                    ),
-                    voted_runs AS (
-                        -- A single-run labeler is one run that selects when its labels show the gap.
-                        SELECT *, coalesce(multi_runs, 1) AS runs,
-                            coalesce(multi_selected, CASE WHEN gap THEN 1 ELSE 0 END) AS runs_selected
-                        FROM gaps
-                    ),
-                    decided AS (
-                        SELECT *,
-                            gap AND needed_failure >= $min_failures AND runs_selected >= ceil($consistency * runs)
-                                AS selected
-                        FROM voted_runs
-                    )
-                    SELECT $pass_id, now(), $window_name, capability,
-                        n_success, n_failure, n_unknown, needed_success, needed_failure, lacking_success, lacking_failure,
-                        er_plus, {_wilson("lacking_success", "needed_success", "er_plus")},
-                        er_minus, {_wilson("lacking_failure", "needed_failure", "er_minus")},
-                        delta, coverage,
-                        failure_rate, {_wilson("needed_failure", "(needed_success + needed_failure)", "failure_rate")},
-                        runs, runs_selected, selected,
-                        CASE WHEN selected THEN row_number() OVER (PARTITION BY selected ORDER BY coverage DESC, capability) END
-                    FROM decided
-                    """.replace("?", "$start_ns"),
-                    {
-                        "start_ns": start_ns or 0,
-                        "min_delta": min_delta,
-                        "min_coverage": min_coverage,
-                        "min_failures": min_failures,
-                        "consistency": consistency,
-                        "pass_id": pass_id,
-                        "window_name": window_name,
-                    },
+            tx.register(
+                "pass_windows",
+                pa.table(
+                    {"window_name": [w[0] for w in windows], "start_ns": [w[1] or 0 for w in windows]},
+                    schema=pa.schema([("window_name", pa.string()), ("start_ns", pa.int64())]),
+                ),
+            )
+            # All windows in one query: each trajectory appears once per window it falls in.
+            tx.execute(
+                f"""
+                INSERT INTO capability_stats
+                WITH traj AS (
+                    SELECT w.window_name, t.trajectory_id, t.outcome
+                    FROM pass_trajectories t JOIN pass_windows w ON t.ended >= w.start_ns
+                ),
+                totals AS (
+                    SELECT window_name, count(*) FILTER (WHERE outcome = 'failure') AS failed
+                    FROM traj GROUP BY window_name
+                ),
+                per_run AS (
+                    SELECT traj.window_name, l.capability, l.run, l.trajectory_id, l.label, l.multi, traj.outcome
+                    FROM pass_labels l JOIN traj USING (trajectory_id)
+                ),
+                voted AS (
+                    SELECT window_name, capability, trajectory_id, outcome, label FROM per_run WHERE NOT multi
+                    UNION ALL
+                    SELECT window_name, capability, trajectory_id, any_value(outcome), mode(label)
+                    FROM per_run WHERE multi GROUP BY window_name, capability, trajectory_id
+                ),
+                counts AS (
+                    SELECT window_name, capability,
+                        count(*) FILTER (WHERE outcome = 'success') AS n_success,
+                        count(*) FILTER (WHERE outcome = 'failure') AS n_failure,
+                        count(*) FILTER (WHERE outcome = 'unknown') AS n_unknown,
+                        count(*) FILTER (WHERE outcome = 'success' AND label <> 'NA') AS needed_success,
+                        count(*) FILTER (WHERE outcome = 'failure' AND label <> 'NA') AS needed_failure,
+                        count(*) FILTER (WHERE outcome = 'success' AND label = 'LACKING') AS lacking_success,
+                        count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING') AS lacking_failure
+                    FROM voted GROUP BY window_name, capability
+                ),
+                run_selection AS (
+                    SELECT window_name, capability, run,
+                        count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING')::DOUBLE
+                            / nullif(count(*) FILTER (WHERE outcome = 'failure' AND label <> 'NA'), 0)
+                        - coalesce(count(*) FILTER (WHERE outcome = 'success' AND label = 'LACKING')::DOUBLE
+                            / nullif(count(*) FILTER (WHERE outcome = 'success' AND label <> 'NA'), 0), 0)
+                            AS delta,
+                        count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING') AS lacking_failure
+                    FROM per_run WHERE multi GROUP BY window_name, capability, run
+                ),
+                runs AS (
+                    SELECT r.window_name, r.capability, count(*) AS runs,
+                        count(*) FILTER (
+                            WHERE r.delta >= $min_delta AND r.lacking_failure::DOUBLE / nullif(t.failed, 0) >= $min_coverage
+                        ) AS runs_selected
+                    FROM run_selection r JOIN totals t USING (window_name) GROUP BY r.window_name, r.capability
+                ),
+                rates AS (
+                    SELECT c.*, r.runs AS multi_runs, r.runs_selected AS multi_selected,
+                        lacking_success::DOUBLE / nullif(needed_success, 0) AS er_plus,
+                        lacking_failure::DOUBLE / nullif(needed_failure, 0) AS er_minus,
+                        lacking_failure::DOUBLE / nullif(t.failed, 0) AS coverage,
+                        needed_failure::DOUBLE / nullif(needed_success + needed_failure, 0) AS failure_rate
+                    FROM counts c JOIN totals t USING (window_name) LEFT JOIN runs r USING (window_name, capability)
+                ),
+                gaps AS (
+                    SELECT *, er_minus - coalesce(er_plus, 0) AS delta,
+                        coalesce(er_minus - coalesce(er_plus, 0) >= $min_delta AND coverage >= $min_coverage, false)
+                            AS gap
+                    FROM rates
+                ),
+                voted_runs AS (
+                    -- A single-run labeler is one run that selects when its labels show the gap.
+                    SELECT *, coalesce(multi_runs, 1) AS runs,
+                        coalesce(multi_selected, CASE WHEN gap THEN 1 ELSE 0 END) AS runs_selected
+                    FROM gaps
+                ),
+                decided AS (
+                    SELECT *,
+                        gap AND needed_failure >= $min_failures AND runs_selected >= ceil($consistency * runs)
+                            AS selected
+                    FROM voted_runs
                 )
+                SELECT $pass_id, now(), window_name, capability,
+                    n_success, n_failure, n_unknown, needed_success, needed_failure, lacking_success, lacking_failure,
+                    er_plus, {_wilson("lacking_success", "needed_success", "er_plus")},
+                    er_minus, {_wilson("lacking_failure", "needed_failure", "er_minus")},
+                    delta, coverage,
+                    failure_rate, {_wilson("needed_failure", "(needed_success + needed_failure)", "failure_rate")},
+                    runs, runs_selected, selected,
+                    CASE WHEN selected
+                        THEN row_number() OVER (PARTITION BY window_name, selected ORDER BY coverage DESC, capability)
+                    END
+                FROM decided
+                """,
+                {
+                    "min_delta": min_delta,
+                    "min_coverage": min_coverage,
+                    "min_failures": min_failures,
+                    "consistency": consistency,
+                    "pass_id": pass_id,
+                },
+            )
+            tx.unregister("pass_windows")
             tx.execute("DROP TABLE pass_trajectories")
             tx.execute("DROP TABLE pass_labels")
             tx.unregister(_CURRENT)
