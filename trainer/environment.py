@@ -1,0 +1,306 @@
+"""The environment protocol: seeded, verifiable training instances in the target agent's own language.
+
+An environment is a family (how instances of one capability are built and scored) bound to the
+target agent's tool definitions and a difficulty. ``instance(seed)`` builds one instance
+deterministically: ``reset()`` gives the opening messages (a system prompt rendering the target's
+tools, the first user turn), ``step(assistant_message)`` returns what the environment says next
+(tool results, user turns) and whether the episode is over, ``reward()`` scores the episode by
+code. Messages are OpenAI chat messages; every message a rollout records is marked as produced by
+the policy (``assistant``) or by the environment, so the trainer can mask the latter from the loss.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+Message = dict[str, Any]
+Policy = Callable[[list[Message]], Message]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """One of the target agent's tools, exactly as it declared it."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+    @classmethod
+    def from_definition(cls, definition: dict[str, Any]) -> Tool:
+        """Accepts the OpenAI shape (``{"type": "function", "function": {...}}``) or a flat one."""
+        body = definition.get("function", definition) if isinstance(definition, dict) else {}
+        name = body.get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"tool definition without a name: {definition!r:.120}")
+        parameters = body.get("parameters") or body.get("input_schema") or {"type": "object", "properties": {}}
+        return cls(name, str(body.get("description") or ""), parameters)
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+def load_tools(definitions: Sequence[dict[str, Any]]) -> list[Tool]:
+    """Tools from definitions (a list, or ``{"tools": [...]}`` already unwrapped by the caller)."""
+    tools = [Tool.from_definition(definition) for definition in definitions]
+    names = [tool.name for tool in tools]
+    if len(set(names)) != len(names):
+        raise ValueError(f"tool names repeat: {sorted(names)}")
+    return tools
+
+
+def tools_hash(tools: Sequence[Tool]) -> str:
+    canonical = orjson.dumps([tool.to_openai() for tool in sorted(tools, key=lambda t: t.name)], option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).hexdigest()[:16]
+
+
+# -- the target's message format ------------------------------------------------------------------
+
+TOOL_FORMAT = (
+    "You can call the following tools. For each call, answer with a JSON object inside "
+    '<tool_call></tool_call> tags: <tool_call>{"name": "<tool name>", "arguments": {<arguments>}}</tool_call>. '
+    "Tool results come back in the next message. When you are done, answer the user in plain text.\n<tools>\n"
+)
+
+
+def render_system_prompt(instructions: str, tools: Sequence[Tool]) -> str:
+    """The system prompt for models whose chat template has no tool support (SmolLM2's ChatML)."""
+    listing = "\n".join(orjson.dumps(tool.to_openai()["function"]).decode() for tool in tools)
+    return f"{instructions}\n\n{TOOL_FORMAT}{listing}\n</tools>"
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """A call parsed from an assistant message; ``arguments`` is None when they were not valid JSON."""
+
+    name: str
+    arguments: Any
+    id: str
+
+
+@dataclass(slots=True)
+class ParsedTurn:
+    text: str
+    calls: list[ToolCall]
+    errors: list[str]
+
+
+_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
+
+
+def _call_from_object(data: Any, index: int, errors: list[str]) -> ToolCall | None:
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        errors.append("tool call is not an object with a name")
+        return None
+    arguments = data.get("arguments", data.get("parameters", {}))
+    if isinstance(arguments, str):
+        try:
+            arguments = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            errors.append(f"arguments of {data['name']} are not JSON")
+            arguments = None
+    return ToolCall(data["name"], arguments, f"call_{index}")
+
+
+def parse_assistant(message: Message) -> ParsedTurn:
+    """Tool calls from an assistant message: OpenAI ``tool_calls``, ``<tool_call>{json}</tool_call>``
+    blocks, or a bare JSON object; a malformed call is recorded in ``errors``, never raised."""
+    errors: list[str] = []
+    calls: list[ToolCall] = []
+    content = message.get("content") or ""
+    if not isinstance(content, str):
+        content = ""
+    for index, call in enumerate(message.get("tool_calls") or []):
+        function = call.get("function", {}) if isinstance(call, dict) else {}
+        parsed = _call_from_object(function, index, errors)
+        if parsed is not None:
+            parsed.id = call.get("id") or parsed.id
+            calls.append(parsed)
+    if calls:
+        return ParsedTurn(content, calls, errors)
+    blocks = _TAGGED.findall(content)
+    if blocks:
+        for index, block in enumerate(blocks):
+            try:
+                data = orjson.loads(block)
+            except orjson.JSONDecodeError:
+                errors.append(f"tool call {index} is not valid JSON")
+                continue
+            parsed = _call_from_object(data, index, errors)
+            if parsed is not None:
+                calls.append(parsed)
+        return ParsedTurn(_TAGGED.sub("", content).strip(), calls, errors)
+    stripped = content.strip()
+    if stripped.startswith("{") and stripped.endswith("}"):
+        try:
+            data = orjson.loads(stripped)
+        except orjson.JSONDecodeError:
+            return ParsedTurn(content, [], ["bare JSON tool call is not valid JSON"])
+        if isinstance(data, dict) and "name" in data:
+            parsed = _call_from_object(data, 0, errors)
+            return ParsedTurn("", [parsed] if parsed else [], errors)
+    return ParsedTurn(content, [], errors)
+
+
+def assistant_call(name: str, arguments: dict[str, Any]) -> Message:
+    """An assistant message calling one tool, in the tagged text format the system prompt asks for."""
+    return {"role": "assistant", "content": f"<tool_call>{orjson.dumps({'name': name, 'arguments': arguments}).decode()}</tool_call>"}
+
+
+def assistant_text(text: str) -> Message:
+    return {"role": "assistant", "content": text}
+
+
+def tool_message(call: ToolCall, result: Any) -> Message:
+    content = result if isinstance(result, str) else orjson.dumps(result).decode()
+    return {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+
+
+# -- instances, families, environments --------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class StepResult:
+    messages: list[Message]
+    done: bool
+
+
+class Instance(ABC):
+    """One seeded episode. Subclasses keep their state in plain attributes; same seed, same episode."""
+
+    max_turns: int = 6
+
+    def __init__(self, tools: Sequence[Tool], seed: int, difficulty: int) -> None:
+        self.tools = list(tools)
+        self.seed = seed
+        self.difficulty = difficulty
+        self.random = random.Random(seed)
+        self.events: list[str] = []  # observable events: parse errors, schema violations, …
+
+    @abstractmethod
+    def reset(self) -> list[Message]:
+        """The opening messages: a system prompt with the target's tools and the first user turn."""
+
+    @abstractmethod
+    def step(self, assistant: Message) -> StepResult:
+        """Take the policy's message; answer with tool results or user turns, or end the episode."""
+
+    @abstractmethod
+    def reward(self) -> float:
+        """Score of the episode so far, in [0, 1], computed by code."""
+
+    def success(self) -> bool:
+        return self.reward() >= 1.0
+
+    @abstractmethod
+    def solution(self) -> list[Message]:
+        """The assistant messages of a ground-truth episode, in order (replayable against step)."""
+
+    def hint(self) -> str | None:
+        """Guidance a trainer may inject into some rollouts when the base model is too weak."""
+        return None
+
+
+class Family(ABC):
+    """How instances of one capability are built from a tool set and scored."""
+
+    name: str
+    capability: str
+    version: str = "1"
+    description: str = ""
+    # The documented reward levels: which partial behaviour earns what.
+    rewards: dict[str, float] = {}
+    levels: tuple[int, ...] = (1,)
+
+    def unusable(self, tools: Sequence[Tool]) -> str | None:
+        """Why these tools cannot host this family (None when they can)."""
+        return None
+
+    @abstractmethod
+    def instance(self, tools: Sequence[Tool], seed: int, difficulty: int = 1) -> Instance: ...
+
+
+@dataclass(slots=True)
+class Environment:
+    """A family bound to the target's tools and a difficulty."""
+
+    family: Family
+    tools: list[Tool]
+    difficulty: int = 1
+
+    def __post_init__(self) -> None:
+        reason = self.family.unusable(self.tools)
+        if reason:
+            raise ValueError(f"{self.family.name} cannot use these tools: {reason}")
+
+    def instance(self, seed: int) -> Instance:
+        return self.family.instance(self.tools, seed, self.difficulty)
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            "family": self.family.name,
+            "capability": self.family.capability,
+            "version": self.family.version,
+            "difficulty": self.difficulty,
+            "tools_hash": tools_hash(self.tools),
+            "tools": [tool.name for tool in self.tools],
+            "rewards": self.family.rewards,
+        }
+
+
+@dataclass(slots=True)
+class Rollout:
+    messages: list[Message]
+    from_policy: list[bool]  # per message: True for the policy's own (trained) messages
+    reward: float
+    success: bool
+    events: list[str] = field(default_factory=list)
+
+
+def rollout(instance: Instance, policy: Policy, max_turns: int | None = None) -> Rollout:
+    """Run one episode: the policy answers until the instance is done or the turn limit is hit."""
+    messages = instance.reset()
+    from_policy = [False] * len(messages)
+    for _ in range(max_turns or instance.max_turns):
+        assistant = policy(list(messages))
+        messages.append(assistant)
+        from_policy.append(True)
+        result = instance.step(assistant)
+        messages.extend(result.messages)
+        from_policy.extend([False] * len(result.messages))
+        if result.done:
+            break
+    return Rollout(messages, from_policy, instance.reward(), instance.success(), list(instance.events))
+
+
+def solution_policy(instance: Instance) -> Policy:
+    """Replays the instance's ground-truth solution."""
+    steps = iter(instance.solution())
+    return lambda messages: next(steps, assistant_text("Done."))
+
+
+def noop_policy(messages: list[Message]) -> Message:
+    return assistant_text("I'm sorry, I can't help with that.")
+
+
+def random_policy(seed: int) -> Policy:
+    """Calls a random declared tool with empty arguments, then gives up: a floor for rewards."""
+    rng = random.Random(seed)
+
+    def policy(messages: list[Message]) -> Message:
+        names = re.findall(r'"name":\s*"([^"]+)"', messages[0].get("content", "")) if messages else []
+        if names and rng.random() < 0.7:
+            return assistant_call(rng.choice(names), {})
+        return assistant_text("Done.")
+
+    return policy

@@ -1,0 +1,171 @@
+"""Synthetic worlds built from the target's tool schemas: which tools read or write, and seeded,
+realistic values for every parameter (Faker, guided by types, formats, enums and names)."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from faker import Faker
+
+from trainer.environment import Tool
+
+READ_PREFIXES = ("get_", "list_", "search_", "find_", "lookup_", "check_", "read_", "fetch_", "show_", "query_")
+WRITE_PREFIXES = ("update_", "cancel_", "book_", "create_", "delete_", "send_", "transfer_", "modify_", "issue_", "add_", "remove_")
+_ID_NAME = re.compile(r"(^|_)(id|number|code|ref|reference)$", re.IGNORECASE)
+
+
+def is_write(tool: Tool) -> bool:
+    return tool.name.startswith(WRITE_PREFIXES)
+
+
+def is_read(tool: Tool) -> bool:
+    return not is_write(tool)
+
+
+def properties(tool: Tool) -> dict[str, dict[str, Any]]:
+    props = tool.parameters.get("properties") if isinstance(tool.parameters, dict) else None
+    return props if isinstance(props, dict) else {}
+
+
+def required(tool: Tool) -> list[str]:
+    names = tool.parameters.get("required") if isinstance(tool.parameters, dict) else None
+    return [name for name in names or [] if name in properties(tool)]
+
+
+def id_parameters(tool: Tool) -> list[str]:
+    """String parameters that identify an entity (``reservation_id``, ``order_number``…)."""
+    return [
+        name
+        for name, schema in properties(tool).items()
+        if _ID_NAME.search(name) and schema.get("type", "string") == "string" and "enum" not in schema
+    ]
+
+
+def entity_of(parameter: str) -> str:
+    """``reservation_id`` → ``reservation``."""
+    return _ID_NAME.sub("", parameter).strip("_") or parameter
+
+
+@dataclass(slots=True)
+class ToolRoles:
+    reads: list[Tool]
+    writes: list[Tool]
+
+
+def roles(tools: Sequence[Tool]) -> ToolRoles:
+    return ToolRoles([tool for tool in tools if is_read(tool)], [tool for tool in tools if is_write(tool)])
+
+
+class Values:
+    """Seeded realistic values for schema-typed parameters."""
+
+    def __init__(self, seed: int) -> None:
+        self.random = random.Random(seed)
+        self.faker = Faker()
+        self.faker.seed_instance(seed)
+
+    def identifier(self, parameter: str, schema: dict[str, Any] | None = None) -> str:
+        pattern = (schema or {}).get("pattern")
+        entity = entity_of(parameter)
+        prefix = "".join(part[0] for part in entity.split("_") if part).upper() or "X"
+        value = f"{prefix}-{self.random.randint(10000, 99999)}"
+        if pattern and not re.fullmatch(pattern, value):
+            value = self._matching(pattern) or value
+        return value
+
+    def _matching(self, pattern: str) -> str | None:
+        """A string matching a simple pattern (literals, classes, \\d, \\w, {n,m} ? +), or None."""
+        token = re.compile(r"\[(\^?[^\]]+)\]|\\([dwsDW.\\\-])|([^\\^$\[\]{}()*+?|])|\{(\d+)(?:,(\d*))?\}|([?+*])")
+        body = pattern.removeprefix("^").removesuffix("$")
+        pieces: list[list[str]] = []  # alphabets, one per position before quantifiers
+        for match in token.finditer(body):
+            klass, escape, literal, low, high, short = match.groups()
+            if klass is not None:
+                if klass.startswith("^"):
+                    return None
+                alphabet = []
+                for part in re.finditer(r"(.)-(.)|(.)", klass):
+                    start, end = (part.group(1), part.group(2)) if part.group(1) else (part.group(3), part.group(3))
+                    alphabet.extend(chr(code) for code in range(ord(start), ord(end) + 1))
+                pieces.append([alphabet or ["x"], 1, 1])
+            elif escape is not None:
+                alphabet = {"d": "0123456789", "w": "abcdefghijklmnopqrstuvwxyz0123456789"}.get(escape, escape)
+                pieces.append([list(alphabet), 1, 1])
+            elif literal is not None:
+                pieces.append([[literal], 1, 1])
+            elif low is not None and pieces:
+                pieces[-1][1] = int(low)
+                pieces[-1][2] = int(high) if high else (int(low) if high is None else int(low) + 3)
+            elif short and pieces:
+                pieces[-1][1], pieces[-1][2] = {"?": (0, 1), "+": (1, 3), "*": (0, 3)}[short]
+        value = "".join(
+            "".join(self.random.choice(alphabet) for _ in range(self.random.randint(low, high)))
+            for alphabet, low, high in pieces
+        )
+        return value if re.fullmatch(pattern, value) else None
+
+    def value(self, name: str, schema: dict[str, Any]) -> Any:
+        """A value for parameter `name` that satisfies `schema` (type, enum, format, bounds)."""
+        if "enum" in schema and schema["enum"]:
+            return self.random.choice(schema["enum"])
+        kind = schema.get("type", "string")
+        if isinstance(kind, list):
+            kind = next((k for k in kind if k != "null"), "string")
+        lowered = name.lower()
+        if kind == "integer":
+            low, high = int(schema.get("minimum", 1)), int(schema.get("maximum", max(int(schema.get("minimum", 1)) + 8, 9)))
+            return self.random.randint(low, high)
+        if kind == "number":
+            low, high = float(schema.get("minimum", 5)), float(schema.get("maximum", 900))
+            return round(self.random.uniform(low, high), 2)
+        if kind == "boolean":
+            return self.random.random() < 0.5
+        if kind == "array":
+            item = schema.get("items", {"type": "string"})
+            return [self.value(name.rstrip("s"), item) for _ in range(max(1, int(schema.get("minItems", 1))))]
+        if kind == "object":
+            return {key: self.value(key, sub) for key, sub in (schema.get("properties") or {}).items()}
+        pattern = schema.get("pattern")
+        if pattern:
+            return self._matching(pattern) or self.faker.word()
+        fmt = schema.get("format")
+        if fmt == "date" or lowered.endswith("date") or lowered == "day":
+            return self.faker.date_between("+1d", "+90d").isoformat()
+        if fmt == "date-time":
+            return self.faker.date_time_between("+1d", "+90d").replace(microsecond=0).isoformat()
+        if fmt == "email" or "email" in lowered:
+            return self.faker.email()
+        if _ID_NAME.search(lowered):
+            return self.identifier(name, schema)
+        if "name" in lowered:
+            return self.faker.name()
+        if "city" in lowered or lowered in ("origin", "destination"):
+            return self.faker.city()
+        if "reason" in lowered or "note" in lowered or "message" in lowered:
+            return self.faker.sentence(nb_words=6).rstrip(".")
+        return self.faker.word()
+
+    def arguments(self, tool: Tool, optional_share: float = 0.0) -> dict[str, Any]:
+        """Arguments for `tool`: every required parameter, and some optional ones."""
+        chosen = required(tool)
+        for name in properties(tool):
+            if name not in chosen and self.random.random() < optional_share:
+                chosen.append(name)
+        return {name: self.value(name, properties(tool)[name]) for name in chosen}
+
+    def record(self, entity: str, identifier: str, extra: int = 3) -> dict[str, Any]:
+        """A plausible stored record for an entity, as a read tool would return it."""
+        record: dict[str, Any] = {f"{entity}_id": identifier, "status": self.random.choice(["active", "confirmed", "pending"])}
+        fields = [
+            ("customer_name", self.faker.name),
+            ("created", lambda: self.faker.date_between("-90d", "-1d").isoformat()),
+            ("amount", lambda: round(self.random.uniform(20, 900), 2)),
+            ("email", self.faker.email),
+        ]
+        for key, make in fields[:extra]:
+            record[key] = make()
+        return record
