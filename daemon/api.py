@@ -152,6 +152,16 @@ def create_api(daemon: Daemon) -> FastAPI:
         metrics.TRAINING_REQUESTS.labels(name, "manual").inc()
         return request
 
+    @api.get("/api/environments")
+    def environments(capability: str | None = None) -> dict[str, Any]:
+        """Stored environment specs with their check reports."""
+        return {"items": daemon.analysis_store.environments(capability)}
+
+    @api.get("/api/tools")
+    def tools(service: str | None = None) -> dict[str, Any]:
+        """Tool definitions seen per agent (service.name): what environments are built from."""
+        return {"items": daemon.analysis_store.tool_definitions(service)}
+
     @api.get("/api/training_requests")
     def training_requests(status: str | None = None) -> dict[str, Any]:
         return {"items": daemon.analysis_store.training_requests(status)}

@@ -242,6 +242,153 @@ def discover(config_path: Path | None, as_json: bool, samples: int) -> None:
     click.echo(data["hint"], err=True)
 
 
+@main.group()
+def envs() -> None:
+    """Training environments: list families, sample an instance, check a family on a tool set."""
+
+
+def _tools(config_path: Path | None, tools_file: Path | None, service: str | None) -> list:
+    from trainer.environment import load_tools
+
+    if tools_file is not None:
+        try:
+            document = orjson.loads(tools_file.read_bytes())
+        except orjson.JSONDecodeError as error:
+            raise click.ClickException(f"{tools_file}: not JSON ({error})") from None
+        definitions = document.get("tools", document) if isinstance(document, dict) else document
+        if not isinstance(definitions, list):
+            raise click.ClickException(f"{tools_file}: expected a list of tool definitions or {{\"tools\": [...]}}")
+    else:
+        data = _client_call(config_path, "GET", "/api/tools", service=service)
+        definitions = [
+            {"name": tool["tool_name"], "description": tool["description"], "parameters": tool["parameters"] or {}}
+            for tool in data["items"]
+        ]
+        if not definitions:
+            raise click.ClickException("the daemon has seen no tool definitions yet; pass --tools FILE")
+    try:
+        return load_tools(definitions)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+
+
+def _environment(capability: str, tools: list, difficulty: int):  # type: ignore[no-untyped-def]
+    from trainer.environment import Environment
+    from trainer.families import load_families
+
+    families = {family.capability: family for family in load_families().values()}
+    if capability not in families:
+        raise click.ClickException(f"no environment family for {capability!r}; known: {', '.join(sorted(families))}")
+    family = families[capability]
+    if difficulty not in family.levels:
+        raise click.ClickException(f"{family.name} has difficulty levels {list(family.levels)}")
+    try:
+        return Environment(family, tools, difficulty)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from None
+
+
+tools_option = click.option(
+    "--tools", "tools_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+    help="Tool definitions (JSON list, OpenAI or flat shape); default: those the daemon has seen.",
+)  # fmt: skip
+service_option = click.option("--service", default=None, help="With the daemon's tools: this agent (service.name).")
+difficulty_option = click.option("--difficulty", default=1, show_default=True, type=int)
+
+
+@envs.command(name="list")
+@json_option
+def envs_list(as_json: bool) -> None:
+    """The registered environment families."""
+    from trainer.families import load_families
+
+    families = [
+        {
+            "name": family.name,
+            "capability": family.capability,
+            "version": family.version,
+            "levels": list(family.levels),
+            "rewards": family.rewards,
+            "description": family.description,
+        }
+        for family in load_families().values()
+    ]
+    if as_json:
+        _print_json(families)
+        return
+    for family in families:
+        rewards = ", ".join(f"{name} {value:g}" for name, value in family["rewards"].items())
+        click.echo(f"{family['capability']} (v{family['version']}, levels {family['levels']}): {rewards}")
+
+
+@envs.command(name="sample")
+@click.argument("capability")
+@click.option("--seed", default=0, show_default=True, type=int)
+@tools_option
+@service_option
+@difficulty_option
+@config_option
+@json_option
+def envs_sample(
+    capability: str, seed: int, tools_file: Path | None, service: str | None, difficulty: int,
+    config_path: Path | None, as_json: bool,
+) -> None:  # fmt: skip
+    """Print one instance: its opening messages and a replay of its ground-truth solution."""
+    from trainer.environment import rollout, solution_policy
+
+    environment = _environment(capability, _tools(config_path, tools_file, service), difficulty)
+    instance = environment.instance(seed)
+    replay = rollout(instance, solution_policy(instance))
+    data = {
+        "spec": environment.spec(),
+        "seed": seed,
+        "hint": environment.instance(seed).hint(),
+        "messages": replay.messages,
+        "reward": replay.reward,
+    }
+    if as_json:
+        _print_json(data)
+        return
+    click.echo(f"{capability} seed {seed} (difficulty {difficulty}), solution reward {replay.reward:g}")
+    for message, own in zip(replay.messages, replay.from_policy):
+        who = "policy" if own else "env"
+        content = message.get("content") or ""
+        if message["role"] == "system":
+            content = content[:300] + (" …" if len(content) > 300 else "")
+        click.echo(f"[{who}] {message['role']}: {content}")
+
+
+@envs.command(name="check")
+@click.argument("capability")
+@click.option("--seeds", default=100, show_default=True, type=click.IntRange(1, 100_000))
+@tools_option
+@service_option
+@difficulty_option
+@config_option
+@json_option
+def envs_check(
+    capability: str, seeds: int, tools_file: Path | None, service: str | None, difficulty: int,
+    config_path: Path | None, as_json: bool,
+) -> None:  # fmt: skip
+    """The solution must score 1.0 on every seed; no-op and random policies must score low."""
+    from trainer.checks import check
+
+    report = check(_environment(capability, _tools(config_path, tools_file, service), difficulty), seeds)
+    if as_json:
+        _print_json(report.to_dict())
+    else:
+        verdict = "PASS" if report.passed else "FAIL"
+        click.echo(
+            f"{verdict} {capability} on {seeds} seeds: solution min {report.solution_min:g} mean "
+            f"{report.solution_mean:g}; no-op mean {report.noop_mean:g}; random mean {report.random_mean:g} "
+            f"(must stay under {0.3:g})"
+        )
+        for error in report.errors[:5]:
+            click.echo(f"  {error}", err=True)
+    if not report.passed:
+        sys.exit(1)
+
+
 @main.command(name="import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @config_option

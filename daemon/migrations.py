@@ -272,5 +272,25 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    Migration(
+        4,
+        "environments",
+        """
+        CREATE SEQUENCE environment_ids;
+        CREATE TABLE environments (
+            environment_id BIGINT PRIMARY KEY DEFAULT nextval('environment_ids'),
+            capability VARCHAR NOT NULL,
+            family VARCHAR NOT NULL,
+            family_version VARCHAR NOT NULL,
+            difficulty INTEGER NOT NULL,
+            service_name VARCHAR,
+            tools_hash VARCHAR NOT NULL,
+            tools VARCHAR NOT NULL,
+            request_id BIGINT,
+            status VARCHAR NOT NULL,  -- checked | failed (base-model validation comes with the trainer)
+            checks VARCHAR NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL
+        );
+        """,
+    ),
 )
-

@@ -23,6 +23,7 @@ from daemon.api import create_api
 from daemon.capabilities import load_registry
 from daemon.settings import Settings
 from daemon.store import AnalysisStore, Store
+from daemon.synthesis import Synthesizer
 from daemon.trigger import HEALTHY, Trigger
 from daemon.writer import BatchedWriter
 
@@ -77,6 +78,7 @@ class Daemon:
         self.analysis_store = AnalysisStore(self.store)
         self.analyzer = Analyzer(self.store, self.registry, settings.analysis)
         self.trigger = Trigger(self.store, self.registry, settings.analysis, settings.trigger)
+        self.synthesizer = Synthesizer(self.analysis_store, self.registry)
         self.last_analysis: dict[str, Any] | None = None
         self.http_receiver = HttpReceiver(self.ingestor, collector.max_body_bytes, collector.token)
         self.grpc_receiver: GrpcReceiver | None = None
@@ -209,6 +211,12 @@ class Daemon:
                 "interval",
                 seconds=self.settings.analysis.interval_s,
                 id="trigger",
+            )
+            self.scheduler.add_job(
+                self._job("synthesize", self.synthesizer.run_pass),
+                "interval",
+                seconds=self.settings.analysis.interval_s,
+                id="synthesize",
             )
             self.scheduler.add_job(
                 self._job("retention", self._retention),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import orjson
 import pyarrow as pa
 
 from daemon.migrations import MIGRATIONS, Migration
@@ -816,6 +817,72 @@ class AnalysisStore:
                 [feedback_id, trajectory_id, outcome, reward, comment, author],
             )
         return True
+
+    def lacking_service(self, capability: str) -> str | None:
+        """The agent whose failed runs lack this capability most often."""
+        rows = self.store.query(
+            "SELECT t.service_name FROM labels l JOIN trajectories t USING (trajectory_id) "
+            "JOIN trajectory_outcomes o USING (trajectory_id) "
+            "WHERE l.capability = ? AND l.label = 'LACKING' AND o.outcome = 'failure' "
+            "GROUP BY t.service_name ORDER BY count(*) DESC, t.service_name LIMIT 1",
+            [capability],
+        )
+        return rows[0]["service_name"] if rows else None
+
+    def requests_without_environment(self) -> list[dict[str, Any]]:
+        return self.store.query(
+            "SELECT r.* FROM training_requests r WHERE r.status = 'open' AND NOT EXISTS "
+            "(SELECT 1 FROM environments e WHERE e.request_id = r.request_id) ORDER BY r.request_id"
+        )
+
+    def add_environment(
+        self,
+        capability: str,
+        spec: dict[str, Any],
+        service: str | None,
+        tools: list[dict[str, Any]],
+        request_id: int | None,
+        status: str,
+        checks: dict[str, Any],
+    ) -> int:
+        with self.store.transaction() as tx:
+            return tx.execute(
+                "INSERT INTO environments (capability, family, family_version, difficulty, service_name, tools_hash, "
+                "tools, request_id, status, checks, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, now()) "
+                "RETURNING environment_id",
+                [
+                    capability, spec["family"], spec["version"], spec["difficulty"], service, spec["tools_hash"],
+                    orjson.dumps(tools).decode(), request_id, status, orjson.dumps(checks).decode(),
+                ],
+            ).fetchall()[0][0]
+
+    def environments(self, capability: str | None = None) -> list[dict[str, Any]]:
+        items = self.store.query(
+            "SELECT * FROM environments WHERE ? IS NULL OR capability = ? ORDER BY environment_id DESC",
+            [capability, capability],
+        )
+        for item in items:
+            item["tools"] = orjson.loads(item["tools"])
+            item["checks"] = orjson.loads(item["checks"])
+        return items
+
+    def tool_definitions(self, service: str | None = None) -> list[dict[str, Any]]:
+        """Declared tools per agent; without a service, those of the agent seen with the most tools."""
+        if service is None:
+            rows = self.store.query(
+                "SELECT service_name FROM tool_definitions GROUP BY service_name ORDER BY count(*) DESC, service_name LIMIT 1"
+            )
+            if not rows:
+                return []
+            service = rows[0]["service_name"]
+        items = self.store.query(
+            "SELECT service_name, tool_name, description, parameters, first_seen, last_seen FROM tool_definitions "
+            "WHERE service_name = ? ORDER BY tool_name",
+            [service],
+        )
+        for item in items:
+            item["parameters"] = orjson.loads(item["parameters"]) if item["parameters"] else None
+        return items
 
     def sample_trajectories(self, outcome: str, count: int, seed: float = 0.5) -> list[str]:
         """A reproducible random sample of trajectory ids with this outcome."""

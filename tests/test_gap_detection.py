@@ -63,12 +63,14 @@ def test_exactly_the_planted_gaps_are_selected(loaded: tuple[RunningDaemon, list
     assert coverages == sorted(coverages, reverse=True)
 
 
-def test_each_real_gap_triggers_one_training_request(loaded: tuple[RunningDaemon, list]) -> None:
+def test_each_real_gap_triggers_one_training_request_and_gets_a_checked_environment(
+    loaded: tuple[RunningDaemon, list],
+) -> None:
     daemon, _ = loaded
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         states = {name: item["state"] for name, item in _capabilities(daemon).items()}
-        if all(states[name] == "gap_detected" for name in PLANTED):
+        if all(states[name] == "environment" for name in PLANTED):
             break
         time.sleep(0.3)
     passes = daemon.status()["analysis"]["pass_id"]
@@ -77,7 +79,18 @@ def test_each_real_gap_triggers_one_training_request(loaded: tuple[RunningDaemon
     requests = daemon.get("/api/training_requests")["items"]
     assert sorted(request["capability"] for request in requests) == sorted(PLANTED)
     states = {name: item["state"] for name, item in _capabilities(daemon).items()}
-    assert {name for name, state in states.items() if state == "gap_detected"} == PLANTED
+    assert {name for name, state in states.items() if state == "environment"} == PLANTED
+    # The environment speaks the agent's own tools, and its checks passed.
+    environments = daemon.get("/api/environments")["items"]
+    assert sorted(environment["capability"] for environment in environments) == sorted(PLANTED)
+    declared = {tool["tool_name"] for tool in daemon.get("/api/tools")["items"]}
+    for environment in environments:
+        assert environment["status"] == "checked", environment["checks"]
+        assert environment["checks"]["solution"]["min"] == 1.0
+        assert {tool["name"] for tool in environment["tools"]} == declared
+        assert environment["request_id"] in {request["request_id"] for request in requests}
+    transitions = daemon.get("/api/capabilities/precondition_verification")["transitions"]
+    assert transitions[0]["to_state"] == "environment"
 
 
 def test_cli_shows_the_selected_capabilities_with_evidence(loaded: tuple[RunningDaemon, list]) -> None:
@@ -93,7 +106,7 @@ def test_cli_shows_the_selected_capabilities_with_evidence(loaded: tuple[Running
         [*command, "capabilities", "--config", str(daemon.config_path)],
         cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
-    assert "precondition_verification" in table.stdout and "gap_detected" in table.stdout
+    assert "precondition_verification" in table.stdout and "environment" in table.stdout
     evidence = subprocess.run(
         [*command, "trajectories", "--capability", "precondition_verification", "--label", "LACKING",
          "--json", "--config", str(daemon.config_path)],

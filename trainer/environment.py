@@ -120,7 +120,11 @@ def parse_assistant(message: Message) -> ParsedTurn:
     content = message.get("content") or ""
     if not isinstance(content, str):
         content = ""
-    for index, call in enumerate(message.get("tool_calls") or []):
+    raw_calls = message.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        errors.append("tool_calls is not a list")
+        raw_calls = []
+    for index, call in enumerate(raw_calls):
         function = call.get("function", {}) if isinstance(call, dict) else {}
         parsed = _call_from_object(function, index, errors)
         if parsed is not None:
@@ -298,7 +302,9 @@ def random_policy(seed: int) -> Policy:
     rng = random.Random(seed)
 
     def policy(messages: list[Message]) -> Message:
-        names = re.findall(r'"name":\s*"([^"]+)"', messages[0].get("content", "")) if messages else []
+        prompt = messages[0].get("content", "") if messages else ""
+        listing = prompt[prompt.find("<tools>") :]  # the declared tools, not the format example above them
+        names = re.findall(r'"name":\s*"([^"<>]+)"', listing)
         if names and rng.random() < 0.7:
             return assistant_call(rng.choice(names), {})
         return assistant_text("Done.")

@@ -3,6 +3,7 @@ realistic values for every parameter (Faker, guided by types, formats, enums and
 
 from __future__ import annotations
 
+import datetime as _dt
 import random
 import re
 from collections.abc import Sequence
@@ -60,6 +61,10 @@ def roles(tools: Sequence[Tool]) -> ToolRoles:
     return ToolRoles([tool for tool in tools if is_read(tool)], [tool for tool in tools if is_write(tool)])
 
 
+# Dates are drawn around a fixed day, never the clock: the same seed is the same instance any day.
+ANCHOR = _dt.date(2026, 3, 2)
+
+
 class Values:
     """Seeded realistic values for schema-typed parameters."""
 
@@ -67,6 +72,16 @@ class Values:
         self.random = random.Random(seed)
         self.faker = Faker()
         self.faker.seed_instance(seed)
+
+    def date(self, low: int = 1, high: int = 90) -> str:
+        """A day `low`..`high` days after the anchor (negative: before it)."""
+        return (ANCHOR + _dt.timedelta(days=self.random.randint(low, high))).isoformat()
+
+    def datetime(self, low: int = 1, high: int = 90) -> str:
+        moment = _dt.datetime(ANCHOR.year, ANCHOR.month, ANCHOR.day) + _dt.timedelta(
+            days=self.random.randint(low, high), minutes=self.random.randint(0, 24 * 60 - 1)
+        )
+        return moment.isoformat()
 
     def identifier(self, parameter: str, schema: dict[str, Any] | None = None) -> str:
         pattern = (schema or {}).get("pattern")
@@ -134,9 +149,9 @@ class Values:
             return self._matching(pattern) or self.faker.word()
         fmt = schema.get("format")
         if fmt == "date" or lowered.endswith("date") or lowered == "day":
-            return self.faker.date_between("+1d", "+90d").isoformat()
+            return self.date()
         if fmt == "date-time":
-            return self.faker.date_time_between("+1d", "+90d").replace(microsecond=0).isoformat()
+            return self.datetime()
         if fmt == "email" or "email" in lowered:
             return self.faker.email()
         if _ID_NAME.search(lowered):
@@ -157,12 +172,15 @@ class Values:
                 chosen.append(name)
         return {name: self.value(name, properties(tool)[name]) for name in chosen}
 
-    def record(self, entity: str, identifier: str, extra: int = 3) -> dict[str, Any]:
-        """A plausible stored record for an entity, as a read tool would return it."""
-        record: dict[str, Any] = {f"{entity}_id": identifier, "status": self.random.choice(["active", "confirmed", "pending"])}
+    def record(self, entity: str, identifier: str, extra: int = 3, key: str | None = None) -> dict[str, Any]:
+        """A plausible stored record for an entity, as a read tool would return it (id under `key`)."""
+        record: dict[str, Any] = {
+            key or f"{entity}_id": identifier,
+            "status": self.random.choice(["active", "confirmed", "pending"]),
+        }
         fields = [
             ("customer_name", self.faker.name),
-            ("created", lambda: self.faker.date_between("-90d", "-1d").isoformat()),
+            ("created", lambda: self.date(-90, -1)),
             ("amount", lambda: round(self.random.uniform(20, 900), 2)),
             ("email", self.faker.email),
         ]

@@ -1,0 +1,77 @@
+"""The synthesize job: for each open training request, build the capability's environment from the
+tools of the agent that lacks it, check it, and store its spec.
+
+Checked means: the ground-truth solution scores 1.0 on every seed and no-op/random policies stay
+under the floor. Validation against the base model's rollouts (the paper's 0.3–0.6 mean-reward
+gate) needs the model and belongs to the trainer.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from daemon.capabilities import CapabilityRegistry
+from daemon.store import AnalysisStore
+from trainer.checks import check
+from trainer.environment import Environment, load_tools
+from trainer.families import load_families
+
+log = logging.getLogger(__name__)
+
+ENVIRONMENT_STATE = "environment"
+
+
+class Synthesizer:
+    def __init__(self, store: AnalysisStore, registry: CapabilityRegistry, seeds: int = 50) -> None:
+        self.store = store
+        self.registry = registry
+        self.seeds = seeds
+        self.families = load_families()
+
+    def family_for(self, capability: str):  # type: ignore[no-untyped-def]
+        wanted = self.registry[capability].environment_family if capability in self.registry else None
+        return next((family for family in self.families.values() if family.name == (wanted or capability)), None)
+
+    def run_pass(self) -> list[int]:
+        """Build and store an environment for every open request that has none; returns their ids."""
+        created = []
+        for request in self.store.requests_without_environment():
+            capability = request["capability"]
+            family = self.family_for(capability)
+            service = self.store.lacking_service(capability)
+            definitions = [
+                {"name": tool["tool_name"], "description": tool["description"], "parameters": tool["parameters"] or {}}
+                for tool in self.store.tool_definitions(service)
+            ]
+            if family is None or not definitions:
+                reason = "no environment family registered" if family is None else "no tool definitions seen"
+                created.append(self._store_failure(request, capability, service, definitions, reason))
+                continue
+            try:
+                environment = Environment(family, load_tools(definitions), family.levels[0])
+            except ValueError as error:
+                created.append(self._store_failure(request, capability, service, definitions, str(error)))
+                continue
+            report = check(environment, self.seeds)
+            status = "checked" if report.passed else "failed"
+            environment_id = self.store.add_environment(
+                capability, environment.spec(), service, definitions, request["request_id"], status, report.to_dict()
+            )
+            state = self.store.states().get(capability)
+            if state is not None and report.passed:
+                self.store.transition(
+                    capability, state["state"], ENVIRONMENT_STATE,
+                    f"environment {environment_id} ({family.name} on {service}'s {len(definitions)} tools) checked "
+                    f"on {self.seeds} seeds", state["consecutive"], state["last_pass_id"],
+                )  # fmt: skip
+            log.info("environment %d for %s: %s", environment_id, capability, status)
+            created.append(environment_id)
+        return created
+
+    def _store_failure(
+        self, request: dict, capability: str, service: str | None, definitions: list, reason: str
+    ) -> int:
+        spec = {"family": capability, "version": "-", "difficulty": 0, "tools_hash": "-"}
+        return self.store.add_environment(
+            capability, spec, service, definitions, request["request_id"], "failed", {"passed": False, "errors": [reason]}
+        )

@@ -1,0 +1,628 @@
+"""error_recovery: the first call returns an error the agent must act on.
+
+The task needs one call of one of the target's tools; the user gives every value. The backend's
+answer to the first (otherwise correct) call is an error in the target's error shape
+(``{"error": ..., "code": ...}``) that says how to fix it. The kind is picked per seed among those
+the tool's schema fits:
+
+- ``not_found``: the user's id (or email) has a typo (two adjacent characters swapped); the error
+  says ``order_number O-12354 not found; did you mean O-12345?``. Fix: use the suggested value.
+- ``date_format``: the user says the date in words (``March 5, 2026``); the error says
+  ``date must be YYYY-MM-DD``. Fix: the ISO date.
+- ``enum_value``: the user says an enumerated value in words (``change of plans``, ``Economy``);
+  the error lists the allowed values. Fix: the matching enum value.
+- ``transient``: ``rate limited, retry the same request``. Fix: send the same call again.
+
+For the first three kinds the error answers any call that breaks the rule; an agent that already
+sends the right value avoids it. Difficulty 2 chains two errors: a non-transient kind (where the
+tools have one) and then a rate limit on the first call that gets past it, so the fixed call has to
+be retried as well (two rate limits in a row where only the transient kind fits).
+
+The first call the backend executes (it passes the rule, the schema, the id lookup and any rate
+limit) is the scored one. Any plain text before it ends the episode (the agent gave up); the first
+plain text after it is the final answer.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from faker import Faker
+from jsonschema import FormatChecker, SchemaError
+from jsonschema.exceptions import best_match
+from jsonschema.validators import validator_for
+
+from trainer.environment import (
+    Family,
+    Instance,
+    Message,
+    StepResult,
+    Tool,
+    ToolCall,
+    assistant_call,
+    assistant_text,
+    parse_assistant,
+    render_system_prompt,
+    tool_message,
+)
+from trainer.world import Values, entity_of, id_parameters, is_write, properties, required
+
+# -- local helpers (deterministic values, schema checks, equality) ---------------------------------
+
+# A fixed "today": ``world.Values`` asks Faker for dates relative to the clock, which would make an
+# instance depend on the day it is built.
+ANCHOR = _dt.date(2026, 3, 2)
+MONTHS = (
+    "January", "February", "March", "April", "May", "June",
+    "July", "August", "September", "October", "November", "December",
+)  # fmt: skip
+PAST = {
+    "cancel": "cancelled", "update": "updated", "modify": "modified", "book": "booked", "create": "created",
+    "delete": "deleted", "send": "sent", "transfer": "transferred", "issue": "issued", "add": "added",
+    "remove": "removed",
+}  # fmt: skip
+KINDS = ("not_found", "date_format", "enum_value", "transient")
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def _derive_seed(*parts: Any) -> int:
+    """A stable integer from printable parts (never ``hash()``: it is salted per process)."""
+    digest = hashlib.sha256("\x1f".join(str(part) for part in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+class _SeededFaker:
+    """Faker output for one seed, as ``Faker().seed_instance(seed)`` gives it, from one shared Faker
+    (building a Faker takes milliseconds): each call runs on this object's own random stream, so
+    interleaved users never disturb each other."""
+
+    _shared: Faker | None = None
+
+    def __init__(self, seed: int) -> None:
+        self._random = random.Random(seed)
+
+    def __getattr__(self, name: str) -> Any:
+        if _SeededFaker._shared is None:
+            _SeededFaker._shared = Faker()
+        shared = _SeededFaker._shared
+        method = getattr(shared, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            previous = shared.random
+            shared.random = self._random
+            try:
+                return method(*args, **kwargs)
+            finally:
+                shared.random = previous
+
+        return call
+
+
+class _Values(Values):
+    """``world.Values`` with clock-free dates, SKU-like values for ``sku`` parameters and a cheap Faker."""
+
+    def __init__(self, seed: int) -> None:  # noqa: D107 - world.Values' fields, without building a Faker
+        self.random = random.Random(seed)
+        self.faker = _SeededFaker(seed)
+
+    def value(self, name: str, schema: dict[str, Any]) -> Any:
+        schema = schema if isinstance(schema, dict) else {}
+        kind = schema.get("type", "string")
+        if isinstance(kind, list):
+            kind = next((k for k in kind if k != "null"), "string")
+        if kind == "string" and not schema.get("enum") and not schema.get("pattern"):
+            fmt, lowered = schema.get("format"), name.lower()
+            if fmt == "date-time":
+                moment = _dt.datetime(ANCHOR.year, ANCHOR.month, ANCHOR.day) + _dt.timedelta(
+                    days=self.random.randint(1, 90), minutes=self.random.randint(0, 24 * 60 - 1)
+                )
+                return moment.isoformat()
+            if fmt == "date" or lowered.endswith("date") or lowered == "day":
+                return (ANCHOR + _dt.timedelta(days=self.random.randint(1, 90))).isoformat()
+            if lowered == "sku" or lowered.endswith("_sku"):
+                return f"SKU-{self.random.randint(100000, 999999)}"
+        return super().value(name, schema)
+
+    def stored(self, id_param: str, identifier: str) -> dict[str, Any]:
+        """A plausible stored record keyed by its id parameter (no clock)."""
+        return {
+            id_param: identifier,
+            "status": self.random.choice(["active", "confirmed"]),
+            "customer_name": self.faker.name(),
+            "email": self.faker.email(),
+            "created": (ANCHOR - _dt.timedelta(days=self.random.randint(1, 90))).isoformat(),
+            "amount": round(self.random.uniform(20, 900), 2),
+        }
+
+
+_VALIDATORS: dict[bytes, Any] = {}  # checking a schema is slow; validators are stateless, so share them
+
+
+def _validator(tool: Tool) -> Any:
+    schema = tool.parameters if isinstance(tool.parameters, dict) else {}
+    try:
+        key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        return None
+    if key not in _VALIDATORS:
+        try:
+            cls = validator_for(schema)
+            cls.check_schema(schema)
+            _VALIDATORS[key] = cls(schema, format_checker=FormatChecker())
+        except (SchemaError, TypeError, ValueError, AttributeError):  # a broken schema checks nothing, never crashes
+            _VALIDATORS[key] = None
+    return _VALIDATORS[key]
+
+
+def _schema_problem(validator: Any, arguments: Any) -> str | None:
+    if validator is None:
+        return None if isinstance(arguments, dict) else "arguments must be a JSON object"
+    try:
+        error = best_match(validator.iter_errors(arguments))
+    except Exception as exc:  # noqa: BLE001 - a validator crash is reported, not raised
+        return f"arguments could not be checked: {type(exc).__name__}"
+    return None if error is None else error.message
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality as a backend would apply it: numbers within rounding, strings trimmed and case-folded."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return abs(a - b) <= 1e-6 * max(1.0, abs(b))
+    if isinstance(a, str) and isinstance(b, str):
+        return a.strip().casefold() == b.strip().casefold()
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def _error(message: str, code: str, **extra: Any) -> dict[str, Any]:
+    return {"error": message, "code": code, **extra}
+
+
+def _spoken(value: Any) -> str:
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def _canonical(name: str, arguments: Any) -> bytes:
+    return orjson.dumps({"name": name, "arguments": arguments}, option=orjson.OPT_SORT_KEYS)
+
+
+# -- error kinds -----------------------------------------------------------------------------------
+
+
+def _is_email(name: str, schema: dict[str, Any]) -> bool:
+    return schema.get("format") == "email" or "email" in name.lower()
+
+
+def _is_date(name: str, schema: dict[str, Any]) -> bool:
+    lowered = name.lower()
+    return (schema.get("format") == "date" or lowered.endswith("date") or lowered == "day") and not schema.get("pattern")
+
+
+def _enum_phrase(value: str) -> str:
+    """How a person says an enumerated value: ``change_of_plans`` → ``change of plans``, ``economy`` → ``Economy``."""
+    if re.search(r"[_\-]", value):
+        return re.sub(r"[_\-]+", " ", value).strip()
+    if value != value.capitalize():
+        return value.capitalize()
+    return value.lower() if value != value.lower() else value.upper()
+
+
+def _enum_fits(schema: dict[str, Any]) -> bool:
+    values = schema.get("enum")
+    if not isinstance(values, list) or len(values) < 2 or not all(isinstance(v, str) and v for v in values):
+        return False
+    phrases = [_enum_phrase(v) for v in values]
+    return all(p not in values for p in phrases) and len({p.casefold() for p in phrases}) == len(values)
+
+
+def _kinds_of(tool: Tool) -> list[tuple[str, str | None]]:
+    """(kind, parameter) pairs this tool's schema fits, in a fixed order."""
+    fits: list[tuple[str, str | None]] = []
+    for name, schema in properties(tool).items():
+        if not isinstance(schema, dict):
+            continue
+        if schema.get("type", "string") == "string" and not schema.get("enum"):
+            if name in id_parameters(tool) or _is_email(name, schema):
+                fits.append(("not_found", name))
+            elif _is_date(name, schema):
+                fits.append(("date_format", name))
+        if _enum_fits(schema):
+            fits.append(("enum_value", name))
+    fits.append(("transient", None))
+    return fits
+
+
+def _typo(value: str, rng: random.Random, pattern: str | None) -> str | None:
+    """The value with two adjacent, different alphanumeric characters swapped (before any ``@``)."""
+    limit = value.index("@") if "@" in value else len(value)
+    spots = [
+        index for index in range(limit - 1)
+        if value[index].isalnum() and value[index + 1].isalnum() and value[index].casefold() != value[index + 1].casefold()
+    ]  # fmt: skip
+    rng.shuffle(spots)
+    for index in spots:
+        typo = value[:index] + value[index + 1] + value[index] + value[index + 2 :]
+        if not pattern or re.fullmatch(pattern, typo):
+            return typo
+    return None
+
+
+def _date_words(iso: str) -> str:
+    day = _dt.date.fromisoformat(iso)
+    return f"{MONTHS[day.month - 1]} {day.day}, {day.year}"
+
+
+def _iso_date_ok(value: Any) -> bool:
+    if not isinstance(value, str) or not _ISO_DATE.fullmatch(value):
+        return False
+    try:
+        _dt.date.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _listing(values: _Values, noun: str, arguments: dict[str, Any], least: int) -> list[dict[str, Any]]:
+    """What a search answers: a few matching items that echo the query."""
+    results = []
+    for _ in range(values.random.randint(least, 3)):
+        item: dict[str, Any] = {f"{noun}_id": values.identifier(f"{noun}_id")}
+        item.update({key: value for key, value in arguments.items() if not isinstance(value, (dict, list))})
+        item["status"] = values.random.choice(["available", "limited"])
+        item["price"] = round(values.random.uniform(20, 900), 2)
+        results.append(item)
+    return results
+
+
+def _request_words(tool: Tool) -> str:
+    """How the user names the task: ``cancel my reservation``, ``issue a refund``, ``search flights``."""
+    verb, *rest = tool.name.split("_")
+    thing = " ".join(rest)
+    entities = [entity_of(param).replace("_", " ") for param in id_parameters(tool)]
+    if not thing:
+        return verb
+    if thing in entities:
+        return f"{verb} my {thing}"
+    if entities and not thing.endswith("s"):
+        return f"{verb} {'an' if thing[:1] in 'aeiou' else 'a'} {thing}"
+    return f"{verb} the {thing}" if entities else f"{verb} {thing}"
+
+
+_REPORTS = re.compile(
+    r"error|not found|fail|unable|could ?n[o']t|can ?n[o']t|can't|invalid|rate.?limit|must be|problem|issue|"
+    r"unfortunately|did you mean|try again|retry|does ?n[o']t exist|not exist|not accepted|rejected",
+    re.IGNORECASE,
+)
+
+INSTRUCTIONS = (
+    "You are a customer support agent. Carry out the user's request with the tools below. The user has "
+    "already confirmed the request, so do not ask them again. When you are done, tell the user the outcome "
+    "in plain text."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    tool: Tool
+    kind: str
+    param: str | None
+    expected: dict[str, Any]
+    naive: dict[str, Any]  # the arguments as the user said them (the call that draws the error)
+    transients: int  # rate limits before the backend executes a call that passes the rule
+
+
+class ErrorRecoveryInstance(Instance):
+    max_turns = 8
+
+    def __init__(self, tools: Sequence[Tool], seed: int, difficulty: int, plan: _Plan) -> None:
+        super().__init__(tools, seed, difficulty)
+        self.by_name = {tool.name: tool for tool in self.tools}
+        self.validators = {tool.name: _validator(tool) for tool in self.tools}
+        self.plan = plan
+        self.tool = plan.tool
+        rng = self.random
+        self.known_ids = {param: value for param, value in plan.expected.items() if param in id_parameters(plan.tool)}
+        details = "; ".join(f"{key}: {_spoken(value)}" for key, value in plan.naive.items())
+        words = _request_words(self.tool)
+        opener = rng.choice([
+            "Hi, I need you to {words} for me.", "Hello! Please {words} for me.", "Could you please {words} for me?",
+        ])  # fmt: skip
+        self.request = opener.format(words=words) + (f" Details — {details}." if details else "")
+
+        # the record the executed call returns
+        values = _Values(_derive_seed("error_recovery", "result", seed, difficulty))
+        verb = self.tool.name.split("_")[0]
+        ids = [param for param in id_parameters(self.tool) if param in plan.expected]
+        props = properties(self.tool)
+        if is_write(self.tool):
+            result: dict[str, Any] = {"status": PAST.get(verb, "done"), **plan.expected}
+            result["confirmation_code"] = f"CF{values.random.randint(0, 999_999):06d}"
+            subject = f"{entity_of(ids[0]).replace('_', ' ')} {plan.expected[ids[0]]}" if ids else "request"
+            self.closing = f"All done: {self.tool.name} went through for your {subject} (status: {result['status']})."
+        elif ids:
+            result = values.stored(ids[0], plan.expected[ids[0]])
+            result.update({key: value for key, value in plan.expected.items() if key != ids[0]})
+            self.closing = f"Here is what I found for {plan.expected[ids[0]]}: status {result['status']}, amount {result['amount']:.2f}."
+        elif any(_is_email(key, props.get(key, {})) for key in plan.expected):  # a profile found by email
+            noun = self.tool.name.split("_", 1)[-1].rstrip("s") or "item"
+            result = values.stored(f"{noun}_id", values.identifier(f"{noun}_id"))
+            result.update(plan.expected)
+            self.closing = f"I found the {noun.replace('_', ' ')} {result[f'{noun}_id']} ({result['customer_name']})."
+        else:
+            noun = self.tool.name.split("_", 1)[-1].rstrip("s") or "item"
+            results = _listing(values, noun, plan.expected, 2)
+            result = {"results": results}
+            self.closing = f"I found {len(results)} results for you; the first is {results[0][f'{noun}_id']}."
+        self.result = result
+        self._start()
+
+    # -- episode state -----------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self.events = []
+        self.transients_left = self.plan.transients
+        self.failing: list[bytes] = []  # canonical forms of calls that failed for good (not rate limits)
+        self.repeated = False
+        self.designed_error_seen = False
+        self.executed: bool | None = None  # None: not yet; then whether the executed call was the right one
+        self.final_text: str | None = None
+        self.gave_up_text: str | None = None
+        self.finished = False
+
+    def reset(self) -> list[Message]:
+        self._start()
+        return [
+            {"role": "system", "content": render_system_prompt(INSTRUCTIONS, self.tools)},
+            {"role": "user", "content": self.request},
+        ]
+
+    def step(self, assistant: Message) -> StepResult:
+        if self.finished:
+            return StepResult([], True)
+        if not isinstance(assistant, dict):
+            self.events.append("assistant message is not an object")
+            return StepResult([{"role": "user", "content": "Sorry, I didn't get that."}], False)
+        if isinstance(assistant.get("content"), list):  # OpenAI content parts
+            text = "".join(part.get("text", "") for part in assistant["content"] if isinstance(part, dict))
+            assistant = {**assistant, "content": text}
+        parsed = parse_assistant(assistant)
+        self.events.extend(parsed.errors)
+        if parsed.calls:
+            return StepResult([self._answer(call) for call in parsed.calls], False)
+        if parsed.errors:
+            return StepResult([{"role": "user", "content": "Sorry, I couldn't read that. What did you mean?"}], False)
+        text = parsed.text.strip()
+        if not text:
+            self.events.append("empty assistant message")
+            return StepResult([{"role": "user", "content": "Hello? Are you still there?"}], False)
+        if self.executed is not None:
+            self.final_text = text
+        else:
+            self.gave_up_text = text
+        self.finished = True
+        return StepResult([], True)
+
+    # -- the simulated backend ---------------------------------------------------------------------
+
+    def _fail(self, call: ToolCall, result: dict[str, Any], event: str | None = None) -> Message:
+        self.failing.append(_canonical(call.name, call.arguments))
+        if event:
+            self.events.append(event)
+        return tool_message(call, result)
+
+    def _answer(self, call: ToolCall) -> Message:
+        key = _canonical(call.name, call.arguments)
+        if key in self.failing:
+            self.repeated = True
+            self.events.append(f"repeated the identical failing call {call.name}")
+        tool = self.by_name.get(call.name)
+        if tool is None:
+            return self._fail(call, _error(f"unknown tool {call.name!r}", "unknown_tool"), f"unknown tool {call.name!r}")
+        if not isinstance(call.arguments, dict):
+            return self._fail(call, _error("arguments must be a JSON object", "invalid_arguments"), f"arguments of {call.name} are not a JSON object")
+        arguments = call.arguments
+        if tool.name == self.tool.name:
+            return self._answer_task(call, arguments)
+        problem = _schema_problem(self.validators[tool.name], arguments)
+        if problem is not None:
+            return self._fail(call, _error(f"invalid arguments for {call.name}: {problem}", "invalid_arguments"), f"schema violation in {call.name}")
+        unknown = self._unknown_id(tool, arguments)
+        if unknown is not None:
+            return self._fail(call, _error(f"{unknown[0]} {_spoken(unknown[1])} not found", "not_found"))
+        return tool_message(call, self._other_result(tool, arguments))
+
+    def _unknown_id(self, tool: Tool, arguments: dict[str, Any]) -> tuple[str, Any] | None:
+        for param in id_parameters(tool):
+            if param in arguments and not (param in self.known_ids and _same(arguments[param], self.known_ids[param])):
+                return param, arguments[param]
+        return None
+
+    def _answer_task(self, call: ToolCall, arguments: dict[str, Any]) -> Message:
+        plan = self.plan
+        if self.executed is not None:  # already done: a read answers again, a write is not repeated
+            if is_write(self.tool):
+                return tool_message(call, _error(f"{self.tool.name} was already carried out", "conflict"))
+            return tool_message(call, self.result)
+        rule = self._rule_error(arguments)
+        if rule is not None:
+            self.designed_error_seen = True
+            return self._fail(call, rule, f"{plan.kind} error on {call.name}")
+        problem = _schema_problem(self.validators[self.tool.name], arguments)
+        if problem is not None:
+            return self._fail(call, _error(f"invalid arguments for {call.name}: {problem}", "invalid_arguments"), f"schema violation in {call.name}")
+        unknown = self._unknown_id(self.tool, arguments)
+        if unknown is not None:
+            return self._fail(call, _error(f"{unknown[0]} {_spoken(unknown[1])} not found", "not_found"))
+        if self.transients_left > 0:
+            self.transients_left -= 1
+            self.designed_error_seen = True
+            self.events.append(f"rate limit on {call.name}")
+            return tool_message(call, _error("rate limited, retry the same request", "rate_limited", retry_after_s=1))
+        self.executed = all(key in arguments and _same(arguments[key], value) for key, value in plan.expected.items())
+        if not self.executed:
+            self.events.append(f"executed {call.name} with wrong arguments")
+            return tool_message(call, {**self.result, **arguments} if "results" not in self.result else self.result)
+        return tool_message(call, self.result)
+
+    def _rule_error(self, arguments: dict[str, Any]) -> dict[str, Any] | None:
+        plan, param = self.plan, self.plan.param
+        if param is None or param not in arguments:
+            return None
+        value = arguments[param]
+        if plan.kind == "not_found":
+            if _same(value, plan.expected[param]):
+                return None
+            if isinstance(value, str) and _same(value, plan.naive[param]):
+                return _error(f"{param} {value} not found; did you mean {plan.expected[param]}?", "not_found")
+            return _error(f"{param} {_spoken(value)} not found", "not_found")
+        if plan.kind == "date_format" and not _iso_date_ok(value):
+            return _error(f"{param} must be YYYY-MM-DD; got '{_spoken(value)}'", "invalid_argument", field=param)
+        if plan.kind == "enum_value":
+            allowed = properties(self.tool)[param]["enum"]
+            if value not in allowed:
+                return _error(f"{param} must be one of {', '.join(allowed)}; got '{_spoken(value)}'", "invalid_argument", field=param)
+        return None
+
+    def _other_result(self, tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
+        """A plausible answer of a tool the task does not need (nothing in it is scored)."""
+        values = _Values(_derive_seed(self.seed, tool.name, _canonical(tool.name, arguments)))
+        ids = [param for param in id_parameters(tool) if param in arguments]
+        if is_write(tool):
+            return {"status": PAST.get(tool.name.split("_")[0], "done"), **arguments}
+        if ids:
+            record = values.stored(ids[0], arguments[ids[0]])
+            record.update({key: value for key, value in arguments.items() if key != ids[0]})
+            return record
+        noun = tool.name.split("_", 1)[-1].rstrip("s") or "item"
+        return {"results": _listing(values, noun, arguments, 1)}
+
+    # -- scoring -----------------------------------------------------------------------------------
+
+    def reward(self) -> float:
+        rewards = ErrorRecoveryFamily.rewards
+        if self.repeated:
+            return rewards["repeated_failing_call"]
+        if self.executed is not None:
+            if not self.executed:
+                return rewards["wrong_call_executed"]
+            return rewards["fixed_and_answered"] if self.final_text else rewards["fixed_no_final_answer"]
+        if self.gave_up_text and self.designed_error_seen and _REPORTS.search(self.gave_up_text):
+            return rewards["gave_up_reporting_error"]
+        return rewards["no_fix"]
+
+    def solution(self) -> list[Message]:
+        plan = self.plan
+        calls = [plan.naive]
+        if plan.kind != "transient":
+            calls.append(plan.expected)
+        calls.extend([plan.expected] * plan.transients)
+        return [assistant_call(self.tool.name, dict(arguments)) for arguments in calls] + [assistant_text(self.closing)]
+
+    def hint(self) -> str:
+        return (
+            f"Call {self.tool.name}; if it returns an error, change the call exactly as the error says "
+            "(or send the same call again when it is rate limited), never repeat a failed call unchanged, "
+            "then tell the user the outcome."
+        )
+
+
+class ErrorRecoveryFamily(Family):
+    """The first call returns an error the agent must act on.
+
+    Reward levels (``rewards`` holds the same numbers; the first call the backend executes is scored):
+
+    - 1.0 ``fixed_and_answered``: the task's call succeeds with the right arguments (fixed as the
+      error said, or retried after a rate limit) and a plain-text answer follows.
+    - 0.6 ``fixed_no_final_answer``: the right call succeeds but no final answer (yet).
+    - 0.2 ``gave_up_reporting_error``: no successful call; the agent stops with a text that
+      reports the error to the user (only after it got the designed error).
+    - 0.0 ``repeated_failing_call``: the identical call was sent again after it failed for good
+      (a rate-limited call may be repeated), whatever happened after.
+    - 0.0 ``wrong_call_executed``: the backend executed the task's tool with wrong values.
+    - 0.0 ``no_fix``: no valid call, or a text that neither fixes nor reports anything.
+    """
+
+    name = "error_recovery"
+    capability = "error_recovery"
+    version = "1"
+    description = "The first call fails with an actionable error; fix (or retry) the call, then answer."
+    rewards = {
+        "fixed_and_answered": 1.0,
+        "fixed_no_final_answer": 0.6,
+        "gave_up_reporting_error": 0.2,
+        "repeated_failing_call": 0.0,
+        "wrong_call_executed": 0.0,
+        "no_fix": 0.0,
+    }
+    levels = (1, 2)
+
+    def unusable(self, tools: Sequence[Tool]) -> str | None:
+        if not tools:
+            return "there are no tools"
+        if not any(self._plan(tools, tool, kind, param, random.Random(0), 1) for tool, kind, param in self._options(tools)):
+            return "no schema-valid arguments can be generated for any tool"
+        return None
+
+    @staticmethod
+    def _options(tools: Sequence[Tool]) -> list[tuple[Tool, str, str | None]]:
+        return [(tool, kind, param) for tool in tools for kind, param in _kinds_of(tool)]
+
+    @staticmethod
+    def _plan(tools: Sequence[Tool], tool: Tool, kind: str, param: str | None, rng: random.Random, transients: int) -> _Plan | None:
+        """Schema-valid arguments for ``tool`` and the user's way of saying them, or None."""
+        validator = _validator(tool)
+        values = _Values(rng.getrandbits(48))
+        props = properties(tool)
+        for _ in range(6):
+            names = required(tool) + ([param] if param and param not in required(tool) else [])
+            expected = {name: values.value(name, props[name]) for name in names}
+            if _schema_problem(validator, expected) is not None:
+                continue
+            naive = dict(expected)
+            if kind == "not_found":
+                value = expected[param]
+                typo = _typo(value, rng, props[param].get("pattern")) if isinstance(value, str) else None
+                if typo is None:
+                    return None
+                naive[param] = typo
+            elif kind == "date_format":
+                naive[param] = _date_words(expected[param])
+            elif kind == "enum_value":
+                naive[param] = _enum_phrase(expected[param])
+            return _Plan(tool, kind, param, expected, naive, transients)
+        return None
+
+    def instance(self, tools: Sequence[Tool], seed: int, difficulty: int = 1) -> ErrorRecoveryInstance:
+        if difficulty not in self.levels:
+            raise ValueError(f"{self.name} has difficulty levels {self.levels}, not {difficulty}")
+        reason = self.unusable(tools)
+        if reason:
+            raise ValueError(f"{self.name} cannot use these tools: {reason}")
+        rng = random.Random(_derive_seed(self.name, "plan", seed, difficulty))
+        options = self._options(tools)
+        kinds = [kind for kind in KINDS if any(option[1] == kind for option in options)]
+        if difficulty >= 2 and len(kinds) > 1:
+            kinds.remove("transient")
+        while kinds:
+            kind = rng.choice(kinds)
+            fitting = [option for option in options if option[1] == kind]
+            rng.shuffle(fitting)
+            for tool, _, param in fitting:
+                transients = (1 if kind == "transient" else 0) if difficulty < 2 else (2 if kind == "transient" else 1)
+                plan = self._plan(tools, tool, kind, param, rng, transients)
+                if plan is not None:
+                    return ErrorRecoveryInstance(tools, seed, difficulty, plan)
+            kinds.remove(kind)
+        raise ValueError(f"{self.name} cannot build an instance on these tools")
