@@ -53,7 +53,6 @@ class BatchedWriter:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="tracefix-writer", daemon=True)
         self.committed_batch = self._batch
-        self.commit_listeners: list[Any] = []
         self.last_commit_at = 0.0  # time.monotonic() of the latest commit
 
     def start(self) -> None:
@@ -118,13 +117,13 @@ class BatchedWriter:
 
     def _commit(self, group: list[Submission]) -> None:
         self._batch += 1
-        spans = _table([s.spans for s in group if s.spans], SPAN_SCHEMA)
-        logs = _table([s.logs for s in group if s.logs], LOG_SCHEMA)
         size = sum(s.size for s in group)
         started = time.perf_counter()
         try:
+            spans = _table([s.spans for s in group if s.spans], SPAN_SCHEMA)
+            logs = _table([s.logs for s in group if s.logs], LOG_SCHEMA)
             result = self.store.append(spans, logs, self._batch)
-        except Exception as error:  # the database refused: every waiting request fails, retryably
+        except Exception as error:  # nothing was stored: every waiting request fails, retryably
             log.exception("commit of %d rows failed", size)
             metrics.COMMIT_FAILURES.inc()
             for submission in group:
@@ -138,11 +137,8 @@ class BatchedWriter:
             log_rows = logs.num_rows if logs is not None else 0
             metrics.SPANS_DUPLICATE.labels("traces").inc(span_rows - result.spans_inserted)
             metrics.SPANS_DUPLICATE.labels("logs").inc(log_rows - result.logs_inserted)
-            # Duplicates are counted per commit, so each future reports the rows it brought.
-            for submission in group:
+            for submission in group:  # the result is the whole group's: one commit, one count
                 submission.future.set_result(result)
-            for listener in self.commit_listeners:
-                listener(self._batch)
         finally:
             with self._pending_lock:
                 self._pending -= size
