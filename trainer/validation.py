@@ -1,0 +1,146 @@
+"""The paper's validation gate: roll out the base policy in seeded groups and accept an environment
+only when it can teach — mean reward 0.3–0.6, reward std > 0.2, > 60 % of groups with variance.
+
+When the base is too weak (typical for a 135M model) the remedies are tried in order: hints in
+25 %, then 50 % of each group's rollouts (the hint text is reported so the trainer strips it
+before the gradient step), then an easier difficulty. When it is too strong, a harder difficulty.
+What was needed is recorded in the report.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trainer.environment import Environment, Family, Instance, Message, Policy, Tool, rollout
+
+# A policy for one rollout: (instance, index of the rollout within its group) -> policy.
+PolicyFactory = Callable[[Instance, int], Policy]
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationSettings:
+    seeds: int = 100  # groups; each group shares one seed
+    group_size: int = 8
+    mean_low: float = 0.3
+    mean_high: float = 0.6
+    min_std: float = 0.2
+    min_variance_groups: float = 0.6
+    hint_shares: tuple[float, ...] = (0.25, 0.5)
+
+
+@dataclass(slots=True)
+class Attempt:
+    difficulty: int
+    hint_share: float
+    mean: float
+    std: float
+    variance_groups: float
+    verdict: str  # "ok" | "too_weak" | "too_strong" | "no_variance"
+
+
+@dataclass(slots=True)
+class ValidationReport:
+    passed: bool
+    difficulty: int
+    hint_share: float
+    remedy: str | None
+    attempts: list[Attempt] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "attempts": [asdict(attempt) for attempt in self.attempts]}
+
+
+class HintedInstance(Instance):
+    """An instance whose system prompt carries its hint; rollouts from it are marked hinted."""
+
+    def __init__(self, inner: Instance) -> None:  # noqa: D107 - wraps, does not build a world
+        self.inner = inner
+        self.tools, self.seed, self.difficulty = inner.tools, inner.seed, inner.difficulty
+        self.random, self.events, self.max_turns = inner.random, inner.events, inner.max_turns
+
+    def reset(self) -> list[Message]:
+        messages = self.inner.reset()
+        hint = self.inner.hint()
+        if hint and messages and messages[0].get("role") == "system":
+            messages[0] = {**messages[0], "content": f"{messages[0]['content']}\n\nHint: {hint}"}
+        return messages
+
+    def step(self, assistant: Message):  # type: ignore[no-untyped-def]
+        return self.inner.step(assistant)
+
+    def reward(self) -> float:
+        return self.inner.reward()
+
+    def solution(self) -> list[Message]:
+        return self.inner.solution()
+
+    def hint(self) -> str | None:
+        return self.inner.hint()
+
+
+def measure(
+    environment: Environment, policy_for: PolicyFactory, settings: ValidationSettings, hint_share: float
+) -> Attempt:
+    """Roll out `seeds` groups of `group_size`; the first `hint_share` of each group is hinted."""
+    rewards: list[float] = []
+    with_variance = 0
+    hinted = round(hint_share * settings.group_size)
+    for seed in range(settings.seeds):
+        group = []
+        for index in range(settings.group_size):
+            instance = environment.instance(seed)
+            if index < hinted:
+                instance = HintedInstance(instance)
+            group.append(rollout(instance, policy_for(instance, index)).reward)
+        rewards.extend(group)
+        with_variance += max(group) > min(group)
+    mean = statistics.fmean(rewards)
+    std = statistics.pstdev(rewards)
+    share = with_variance / settings.seeds
+    if mean < settings.mean_low:
+        verdict = "too_weak"
+    elif mean > settings.mean_high:
+        verdict = "too_strong"
+    elif std <= settings.min_std or share <= settings.min_variance_groups:
+        verdict = "no_variance"
+    else:
+        verdict = "ok"
+    return Attempt(environment.difficulty, hint_share, round(mean, 4), round(std, 4), round(share, 4), verdict)
+
+
+def validate(
+    family: Family,
+    tools: Sequence[Tool],
+    policy_for: PolicyFactory,
+    settings: ValidationSettings = ValidationSettings(),
+    difficulty: int | None = None,
+) -> ValidationReport:
+    """Find the first (difficulty, hint share) at which the base policy's rewards can teach."""
+    levels = list(family.levels)
+    level = difficulty if difficulty is not None else levels[0]
+    attempts: list[Attempt] = []
+    tried: set[int] = set()
+    while level not in tried:
+        tried.add(level)
+        environment = Environment(family, list(tools), level)
+        for share in (0.0, *settings.hint_shares):
+            attempt = measure(environment, policy_for, settings, share)
+            attempts.append(attempt)
+            if attempt.verdict == "ok":
+                remedy = None
+                if share:
+                    remedy = f"hints in {share:.0%} of each group's rollouts"
+                if level != (difficulty if difficulty is not None else levels[0]):
+                    remedy = ", ".join(filter(None, [f"difficulty {level}", remedy]))
+                return ValidationReport(True, level, share, remedy, attempts)
+            if attempt.verdict == "too_strong":
+                break  # hints only make it easier
+        position = levels.index(level)
+        if attempts[-1].verdict == "too_strong" and position + 1 < len(levels):
+            level = levels[position + 1]
+        elif attempts[-1].verdict != "too_strong" and position > 0:
+            level = levels[position - 1]
+    return ValidationReport(False, level, 0.0, None, attempts)
