@@ -6,10 +6,6 @@ never raises, unknown ids answer with an error object, and instances are identic
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,11 +22,11 @@ from trainer.environment import (
     solution_policy,
 )
 from trainer.families.argument_grounding import ArgumentGroundingFamily, chains
-from trainer.families.tool_call_precision import schema_error
+from trainer.simulation import schema_error
 
-REPO = Path(__file__).resolve().parent.parent
-TOOL_FILES = {name: REPO / "tests" / "fixtures" / "tools" / f"{name}.json" for name in ("airline", "retail")}
-TOOLS = {name: load_tools(json.loads(path.read_text())) for name, path in TOOL_FILES.items()}
+from tests.family_support import TOOL_SETS, run_in_another_process
+
+TOOLS = TOOL_SETS
 FAMILY = ArgumentGroundingFamily()
 REWARDS = FAMILY.rewards
 CASES = [(tool_set, difficulty) for tool_set in sorted(TOOLS) for difficulty in FAMILY.levels]
@@ -314,6 +310,4 @@ def test_transcript_is_identical_in_another_process() -> None:
         "from test_family_argument_grounding import transcript; "
         f"print(json.dumps([transcript(*key) for key in {keys!r}]))"
     )
-    env = {**os.environ, "PYTHONHASHSEED": "4242"}
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=True)
-    assert json.loads(result.stdout) == [transcript(*key) for key in keys]
+    assert json.loads(run_in_another_process(code)) == [transcript(*key) for key in keys]

@@ -5,12 +5,8 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import json
-import os
 import re
 import statistics
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +15,6 @@ from trainer.environment import (
     Message,
     assistant_call,
     assistant_text,
-    load_tools,
     noop_policy,
     random_policy,
     rollout,
@@ -28,9 +23,8 @@ from trainer.environment import (
 from trainer.families.error_recovery import ErrorRecoveryFamily
 from trainer.world import id_parameters, properties
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "tests" / "fixtures" / "tools"
-TOOL_SETS = {name: load_tools(json.loads((FIXTURES / f"{name}.json").read_text())) for name in ("airline", "retail")}
+from tests.family_support import FIXTURES, TOOL_SETS, run_in_another_process
+
 FAMILY = ErrorRecoveryFamily()
 REWARDS = FAMILY.rewards
 SEEDS = range(0, 200, 7)  # the seeds the partial-behaviour cases run on
@@ -294,6 +288,4 @@ def test_transcripts_are_identical_in_another_process() -> None:
     exec(TRANSCRIPT.format(fixtures=str(FIXTURES)), namespace)  # noqa: S102 - the same code both sides
     cases = [(tool_set, seed, difficulty) for tool_set in sorted(TOOL_SETS) for seed in (0, 1, 2, 17) for difficulty in FAMILY.levels]
     script = TRANSCRIPT.format(fixtures=str(FIXTURES)) + f"\nprint(json.dumps([transcript(*case) for case in {cases!r}]))"
-    env = {**os.environ, "PYTHONHASHSEED": "4242"}
-    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60, env=env, check=True)
-    assert json.loads(result.stdout) == [namespace["transcript"](*case) for case in cases]
+    assert json.loads(run_in_another_process(script)) == [namespace["transcript"](*case) for case in cases]

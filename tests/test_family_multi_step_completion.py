@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -29,14 +25,12 @@ from trainer.families.multi_step_completion import (
     SYSTEM_INSTRUCTIONS,
     MultiStepCompletionFamily,
     MultiStepCompletionInstance,
-    SeededValues,
-    key_parameters,
 )
-from trainer.world import is_write, properties, required
+from trainer.world import Values, is_write, key_parameters, properties, required
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "tools"
-TOOLSETS = {name: load_tools(json.loads((FIXTURES / f"{name}.json").read_text())) for name in ("airline", "retail")}
+from tests.family_support import TOOL_SETS, run_in_another_process
+
+TOOLSETS = TOOL_SETS
 FAMILY = MultiStepCompletionFamily()
 PER_STEP = {1: 0.4, 2: 0.2667}
 CASES = [(toolset, difficulty) for toolset in TOOLSETS for difficulty in (1, 2)]
@@ -200,7 +194,7 @@ def test_unknown_ids_get_an_error_and_no_credit(toolset: str, difficulty: int) -
     calls = chain_calls(instance)
     second = instance.steps[1]
     guessed = dict(second.arguments)
-    values = SeededValues(999)
+    values = Values(999)
     for name in second.link.fresh:
         if name in key_parameters(second.link.tool):
             guessed[name] = values.key_value(name, properties(second.link.tool)[name])  # schema-valid, unknown
@@ -358,9 +352,7 @@ def test_transcript_is_identical_in_another_process() -> None:
         "from tests.test_family_multi_step_completion import transcript\n"
         f"print(json.dumps([transcript(*job) for job in {jobs!r}]))\n"
     )
-    env = {**os.environ, "PYTHONHASHSEED": "4242"}
-    output = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-    assert json.loads(output.stdout) == [transcript(*job) for job in jobs]
+    assert json.loads(run_in_another_process(script)) == [transcript(*job) for job in jobs]
     assert re.search(r"CNF-\d{6}", transcript("airline", 0, 1))
 
 

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -34,9 +30,9 @@ from trainer.families.structured_data_reasoning import (
 )
 from trainer.world import is_read
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "tools"
-TOOLSETS = {name: load_tools(json.loads((FIXTURES / f"{name}.json").read_text())) for name in ("airline", "retail")}
+from tests.family_support import TOOL_SETS, run_in_another_process
+
+TOOLSETS = TOOL_SETS
 FAMILY = StructuredDataReasoningFamily()
 CASES = [(toolset, difficulty) for toolset in TOOLSETS for difficulty in (1, 2)]
 
@@ -358,6 +354,4 @@ def test_transcript_is_identical_in_another_process() -> None:
         "from tests.test_family_structured_data_reasoning import transcript\n"
         f"print(json.dumps([transcript(*job) for job in {jobs!r}]))\n"
     )
-    env = {**os.environ, "PYTHONHASHSEED": "4242"}
-    output = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, check=True)
-    assert json.loads(output.stdout) == [transcript(*job) for job in jobs]
+    assert json.loads(run_in_another_process(script)) == [transcript(*job) for job in jobs]

@@ -5,10 +5,6 @@ policies stay low, malformed output never raises, and instances are byte-identic
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,12 +20,13 @@ from trainer.environment import (
     rollout,
     solution_policy,
 )
-from trainer.families.tool_call_precision import SeededValues, ToolCallPrecisionFamily, schema_error
-from trainer.world import properties, required
+from trainer.families.tool_call_precision import ToolCallPrecisionFamily
+from trainer.simulation import schema_error
+from trainer.world import Values, properties, required
 
-REPO = Path(__file__).resolve().parent.parent
-TOOL_FILES = {name: REPO / "tests" / "fixtures" / "tools" / f"{name}.json" for name in ("airline", "retail")}
-TOOLS = {name: load_tools(json.loads(path.read_text())) for name, path in TOOL_FILES.items()}
+from tests.family_support import TOOL_SETS, run_in_another_process
+
+TOOLS = TOOL_SETS
 FAMILY = ToolCallPrecisionFamily()
 REWARDS = FAMILY.rewards
 CASES = [(tool_set, difficulty) for tool_set in sorted(TOOLS) for difficulty in FAMILY.levels]
@@ -110,7 +107,7 @@ def _wrong_value(instance: Any) -> dict[str, Any]:
     name = next(key for key, value in arguments.items() if not isinstance(value, bool))
     schema = properties(instance.target)[name]
     for seed in range(50):
-        value = SeededValues(seed).value(name, schema)
+        value = Values(seed).value(name, schema)
         if value != arguments[name]:
             arguments[name] = value
             return arguments
@@ -290,6 +287,4 @@ def test_transcript_is_identical_in_another_process() -> None:
         "from test_family_tool_call_precision import transcript; "
         f"print(json.dumps([transcript(*key) for key in {keys!r}]))"
     )
-    env = {**os.environ, "PYTHONHASHSEED": "4242"}
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60, check=True)
-    assert json.loads(result.stdout) == [transcript(*key) for key in keys]
+    assert json.loads(run_in_another_process(code)) == [transcript(*key) for key in keys]

@@ -112,14 +112,26 @@ def _call_from_object(data: Any, index: int, errors: list[str]) -> ToolCall | No
     return ToolCall(data["name"], arguments, f"call_{index}")
 
 
-def parse_assistant(message: Message) -> ParsedTurn:
+def _text_of(content: Any) -> str:
+    """Message content as text: a string, or the text parts of an OpenAI content-part list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return ""
+
+
+def parse_assistant(message: Message | Any) -> ParsedTurn:
     """Tool calls from an assistant message: OpenAI ``tool_calls``, ``<tool_call>{json}</tool_call>``
-    blocks, or a bare JSON object; a malformed call is recorded in ``errors``, never raised."""
+    blocks, or a bare JSON object; a malformed call is recorded in ``errors``, never raised.
+
+    A policy's output is not always a message: a bare string is read as the content, anything else
+    that is not a dict as an empty message (callers decide whether that is an event)."""
+    if not isinstance(message, dict):
+        message = {"role": "assistant", "content": message if isinstance(message, str) else ""}
     errors: list[str] = []
     calls: list[ToolCall] = []
-    content = message.get("content") or ""
-    if not isinstance(content, str):
-        content = ""
+    content = _text_of(message.get("content"))
     raw_calls = message.get("tool_calls") or []
     if not isinstance(raw_calls, list):
         errors.append("tool_calls is not a list")

@@ -17,6 +17,8 @@ from trainer.environment import Tool
 READ_PREFIXES = ("get_", "list_", "search_", "find_", "lookup_", "check_", "read_", "fetch_", "show_", "query_")
 WRITE_PREFIXES = ("update_", "cancel_", "book_", "create_", "delete_", "send_", "transfer_", "modify_", "issue_", "add_", "remove_")
 _ID_NAME = re.compile(r"(^|_)(id|number|code|ref|reference)$", re.IGNORECASE)
+# Parameters that name one entity: the id names plus keys people look things up by.
+_KEY_NAME = re.compile(r"(^|_)(id|number|code|ref|reference|sku|email|username|handle|key|uuid|slug)$", re.IGNORECASE)
 
 
 def is_write(tool: Tool) -> bool:
@@ -46,6 +48,20 @@ def id_parameters(tool: Tool) -> list[str]:
     ]
 
 
+def key_parameters(tool: Tool) -> list[str]:
+    """Required parameters that name an entity (``reservation_id``, ``order_number``, ``email``, ``sku``)."""
+    props = properties(tool)
+    ids = set(id_parameters(tool))
+    keys = []
+    for name in required(tool):
+        schema = props[name] if isinstance(props[name], dict) else {}
+        if schema.get("enum") or schema.get("type", "string") != "string":
+            continue
+        if name in ids or _KEY_NAME.search(name) or schema.get("format") == "email":
+            keys.append(name)
+    return keys
+
+
 def entity_of(parameter: str) -> str:
     """``reservation_id`` → ``reservation``."""
     return _ID_NAME.sub("", parameter).strip("_") or parameter
@@ -65,25 +81,56 @@ def roles(tools: Sequence[Tool]) -> ToolRoles:
 ANCHOR = _dt.date(2026, 3, 2)
 
 
+class SeededFaker:
+    """Faker output for one seed, as ``Faker().seed_instance(seed)`` gives it, from one shared Faker.
+
+    Building a Faker takes milliseconds and every instance (and every simulated result) needs one;
+    each call here runs the shared Faker on this object's own random stream, so values stay the
+    same however the users of different seeds interleave (single-threaded use only).
+    """
+
+    _shared: Faker | None = None
+
+    def __init__(self, seed: int) -> None:
+        self._random = random.Random(seed)
+
+    def __getattr__(self, name: str) -> Any:
+        if SeededFaker._shared is None:
+            SeededFaker._shared = Faker()
+        shared = SeededFaker._shared
+        method = getattr(shared, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            previous = shared.random
+            shared.random = self._random
+            try:
+                return method(*args, **kwargs)
+            finally:
+                shared.random = previous
+
+        return call
+
+
 class Values:
     """Seeded realistic values for schema-typed parameters."""
 
     def __init__(self, seed: int) -> None:
         self.random = random.Random(seed)
-        self.faker = Faker()
-        self.faker.seed_instance(seed)
+        self.faker = SeededFaker(seed)
 
     def date(self, low: int = 1, high: int = 90) -> str:
         """A day `low`..`high` days after the anchor (negative: before it)."""
         return (ANCHOR + _dt.timedelta(days=self.random.randint(low, high))).isoformat()
 
     def datetime(self, low: int = 1, high: int = 90) -> str:
+        """A moment on a day `low`..`high` days after the anchor."""
         moment = _dt.datetime(ANCHOR.year, ANCHOR.month, ANCHOR.day) + _dt.timedelta(
             days=self.random.randint(low, high), minutes=self.random.randint(0, 24 * 60 - 1)
         )
         return moment.isoformat()
 
     def identifier(self, parameter: str, schema: dict[str, Any] | None = None) -> str:
+        """An id like ``R-12345`` for `parameter` (matching the schema's pattern when it has one)."""
         pattern = (schema or {}).get("pattern")
         entity = entity_of(parameter)
         prefix = "".join(part[0] for part in entity.split("_") if part).upper() or "X"
@@ -125,6 +172,7 @@ class Values:
 
     def value(self, name: str, schema: dict[str, Any]) -> Any:
         """A value for parameter `name` that satisfies `schema` (type, enum, format, bounds)."""
+        schema = schema if isinstance(schema, dict) else {}  # a target's odd schema still gets a value
         if "enum" in schema and schema["enum"]:
             return self.random.choice(schema["enum"])
         kind = schema.get("type", "string")
@@ -148,10 +196,12 @@ class Values:
         if pattern:
             return self._matching(pattern) or self.faker.word()
         fmt = schema.get("format")
+        if fmt == "date-time":  # before the name: a ``start_date`` declared as date-time wants a time too
+            return self.datetime()
         if fmt == "date" or lowered.endswith("date") or lowered == "day":
             return self.date()
-        if fmt == "date-time":
-            return self.datetime()
+        if lowered == "sku" or lowered.endswith("_sku"):
+            return f"SKU-{self.random.randint(100000, 999999)}"
         if fmt == "email" or "email" in lowered:
             return self.faker.email()
         if _ID_NAME.search(lowered):
@@ -164,6 +214,13 @@ class Values:
             return self.faker.sentence(nb_words=6).rstrip(".")
         return self.faker.word()
 
+    def key_value(self, name: str, schema: dict[str, Any]) -> Any:
+        """A value for a key parameter: an id for any key name (``sku``…) unless typed, enumerated or an email."""
+        schema = schema if isinstance(schema, dict) else {}
+        if schema.get("enum") or schema.get("format") or "email" in name.lower() or schema.get("type", "string") != "string":
+            return self.value(name, schema)
+        return self.identifier(name, schema)
+
     def arguments(self, tool: Tool, optional_share: float = 0.0) -> dict[str, Any]:
         """Arguments for `tool`: every required parameter, and some optional ones."""
         chosen = required(tool)
@@ -172,18 +229,23 @@ class Values:
                 chosen.append(name)
         return {name: self.value(name, properties(tool)[name]) for name in chosen}
 
-    def record(self, entity: str, identifier: str, extra: int = 3, key: str | None = None) -> dict[str, Any]:
+    def record(
+        self,
+        entity: str,
+        identifier: Any,
+        extra: int = 3,
+        key: str | None = None,
+        statuses: Sequence[str] = ("active", "confirmed", "pending"),
+    ) -> dict[str, Any]:
         """A plausible stored record for an entity, as a read tool would return it (id under `key`)."""
-        record: dict[str, Any] = {
-            key or f"{entity}_id": identifier,
-            "status": self.random.choice(["active", "confirmed", "pending"]),
-        }
+        record: dict[str, Any] = {key or f"{entity}_id": identifier, "status": self.random.choice(list(statuses))}
         fields = [
             ("customer_name", self.faker.name),
             ("created", lambda: self.date(-90, -1)),
             ("amount", lambda: round(self.random.uniform(20, 900), 2)),
             ("email", self.faker.email),
         ]
-        for key, make in fields[:extra]:
-            record[key] = make()
+        for field_name, make in fields[:extra]:
+            if field_name not in record:  # the key itself (an ``email`` lookup) keeps the looked-up value
+                record[field_name] = make()
         return record

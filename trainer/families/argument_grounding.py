@@ -24,7 +24,6 @@ from trainer.environment import (
     Family,
     Instance,
     Message,
-    ParsedTurn,
     StepResult,
     Tool,
     ToolCall,
@@ -37,19 +36,16 @@ from trainer.environment import (
 from trainer.families.tool_call_precision import (
     OPENERS,
     SYSTEM_INSTRUCTIONS,
-    SeededValues,
     action_phrase,
-    derive_seed,
     phrase,
     plural,
-    same,
-    schema_error,
     simulated_result,
     spoken,
     state_values,
     tool_entity,
 )
-from trainer.world import entity_of, id_parameters, is_read, properties, required
+from trainer.simulation import derive_seed, same, schema_error
+from trainer.world import Values, entity_of, id_parameters, is_read, properties, required
 
 _PEOPLE = ("user", "customer", "account", "member", "person", "passenger", "client", "guest", "patient")
 _IDENTIFYING = ("email", "phone", "user", "username", "account", "customer", "name", "login")
@@ -95,7 +91,7 @@ class ArgumentGroundingInstance(Instance):
     def __init__(self, tools: Sequence[Tool], seed: int, difficulty: int) -> None:
         super().__init__(tools, seed, difficulty)
         self.by_name = {tool.name: tool for tool in self.tools}
-        self.values = values = SeededValues(derive_seed("argument_grounding", seed, difficulty))
+        self.values = values = Values(derive_seed("argument_grounding", seed, difficulty))
         rng = values.random
         options = chains(self.tools)
         best = min(chain.tier for chain in options)
@@ -293,17 +289,14 @@ class ArgumentGroundingInstance(Instance):
             return self._not_found(entity_of(name), value)
         return simulated_result(tool, arguments, self._result_values(index))
 
-    def _result_values(self, index: int) -> SeededValues:
-        return SeededValues(derive_seed("argument_grounding.result", self.seed, self.difficulty, self.turns, index))
+    def _result_values(self, index: int) -> Values:
+        return Values(derive_seed("argument_grounding.result", self.seed, self.difficulty, self.turns, index))
 
     def step(self, assistant: Message) -> StepResult:
         if self.done:
             return StepResult([], True)
         self.turns += 1
-        try:
-            parsed = parse_assistant(assistant if isinstance(assistant, dict) else {})
-        except Exception as error:  # a message shape the parser does not expect: malformed output
-            parsed = ParsedTurn("", [], [f"unparseable message ({type(error).__name__})"])
+        parsed = parse_assistant(assistant)
         for error in parsed.errors:
             self.events.append(f"parse_error: {error}")
         if not parsed.calls:

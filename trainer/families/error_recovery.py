@@ -26,7 +26,6 @@ plain text after it is the final answer.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import random
 import re
 from collections.abc import Sequence
@@ -34,10 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from faker import Faker
-from jsonschema import FormatChecker, SchemaError
-from jsonschema.exceptions import best_match
-from jsonschema.validators import validator_for
 
 from trainer.environment import (
     Family,
@@ -52,13 +47,11 @@ from trainer.environment import (
     render_system_prompt,
     tool_message,
 )
+from trainer.simulation import SETTLED_STATUSES, derive_seed, error_result, same_as_backend, schema_error
 from trainer.world import Values, entity_of, id_parameters, is_write, properties, required
 
-# -- local helpers (deterministic values, schema checks, equality) ---------------------------------
+# -- local helpers (wording) -------------------------------------------------------------------------
 
-# A fixed "today": ``world.Values`` asks Faker for dates relative to the clock, which would make an
-# instance depend on the day it is built.
-ANCHOR = _dt.date(2026, 3, 2)
 MONTHS = (
     "January", "February", "March", "April", "May", "June",
     "July", "August", "September", "October", "November", "December",
@@ -70,124 +63,6 @@ PAST = {
 }  # fmt: skip
 KINDS = ("not_found", "date_format", "enum_value", "transient")
 _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
-
-
-def _derive_seed(*parts: Any) -> int:
-    """A stable integer from printable parts (never ``hash()``: it is salted per process)."""
-    digest = hashlib.sha256("\x1f".join(str(part) for part in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big")
-
-
-class _SeededFaker:
-    """Faker output for one seed, as ``Faker().seed_instance(seed)`` gives it, from one shared Faker
-    (building a Faker takes milliseconds): each call runs on this object's own random stream, so
-    interleaved users never disturb each other."""
-
-    _shared: Faker | None = None
-
-    def __init__(self, seed: int) -> None:
-        self._random = random.Random(seed)
-
-    def __getattr__(self, name: str) -> Any:
-        if _SeededFaker._shared is None:
-            _SeededFaker._shared = Faker()
-        shared = _SeededFaker._shared
-        method = getattr(shared, name)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            previous = shared.random
-            shared.random = self._random
-            try:
-                return method(*args, **kwargs)
-            finally:
-                shared.random = previous
-
-        return call
-
-
-class _Values(Values):
-    """``world.Values`` with clock-free dates, SKU-like values for ``sku`` parameters and a cheap Faker."""
-
-    def __init__(self, seed: int) -> None:  # noqa: D107 - world.Values' fields, without building a Faker
-        self.random = random.Random(seed)
-        self.faker = _SeededFaker(seed)
-
-    def value(self, name: str, schema: dict[str, Any]) -> Any:
-        schema = schema if isinstance(schema, dict) else {}
-        kind = schema.get("type", "string")
-        if isinstance(kind, list):
-            kind = next((k for k in kind if k != "null"), "string")
-        if kind == "string" and not schema.get("enum") and not schema.get("pattern"):
-            fmt, lowered = schema.get("format"), name.lower()
-            if fmt == "date-time":
-                moment = _dt.datetime(ANCHOR.year, ANCHOR.month, ANCHOR.day) + _dt.timedelta(
-                    days=self.random.randint(1, 90), minutes=self.random.randint(0, 24 * 60 - 1)
-                )
-                return moment.isoformat()
-            if fmt == "date" or lowered.endswith("date") or lowered == "day":
-                return (ANCHOR + _dt.timedelta(days=self.random.randint(1, 90))).isoformat()
-            if lowered == "sku" or lowered.endswith("_sku"):
-                return f"SKU-{self.random.randint(100000, 999999)}"
-        return super().value(name, schema)
-
-    def stored(self, id_param: str, identifier: str) -> dict[str, Any]:
-        """A plausible stored record keyed by its id parameter (no clock)."""
-        return {
-            id_param: identifier,
-            "status": self.random.choice(["active", "confirmed"]),
-            "customer_name": self.faker.name(),
-            "email": self.faker.email(),
-            "created": (ANCHOR - _dt.timedelta(days=self.random.randint(1, 90))).isoformat(),
-            "amount": round(self.random.uniform(20, 900), 2),
-        }
-
-
-_VALIDATORS: dict[bytes, Any] = {}  # checking a schema is slow; validators are stateless, so share them
-
-
-def _validator(tool: Tool) -> Any:
-    schema = tool.parameters if isinstance(tool.parameters, dict) else {}
-    try:
-        key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
-    except TypeError:
-        return None
-    if key not in _VALIDATORS:
-        try:
-            cls = validator_for(schema)
-            cls.check_schema(schema)
-            _VALIDATORS[key] = cls(schema, format_checker=FormatChecker())
-        except (SchemaError, TypeError, ValueError, AttributeError):  # a broken schema checks nothing, never crashes
-            _VALIDATORS[key] = None
-    return _VALIDATORS[key]
-
-
-def _schema_problem(validator: Any, arguments: Any) -> str | None:
-    if validator is None:
-        return None if isinstance(arguments, dict) else "arguments must be a JSON object"
-    try:
-        error = best_match(validator.iter_errors(arguments))
-    except Exception as exc:  # noqa: BLE001 - a validator crash is reported, not raised
-        return f"arguments could not be checked: {type(exc).__name__}"
-    return None if error is None else error.message
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equality as a backend would apply it: numbers within rounding, strings trimmed and case-folded."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return abs(a - b) <= 1e-6 * max(1.0, abs(b))
-    if isinstance(a, str) and isinstance(b, str):
-        return a.strip().casefold() == b.strip().casefold()
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return a == b
-
-
-def _error(message: str, code: str, **extra: Any) -> dict[str, Any]:
-    return {"error": message, "code": code, **extra}
 
 
 def _spoken(value: Any) -> str:
@@ -274,7 +149,7 @@ def _iso_date_ok(value: Any) -> bool:
     return True
 
 
-def _listing(values: _Values, noun: str, arguments: dict[str, Any], least: int) -> list[dict[str, Any]]:
+def _listing(values: Values, noun: str, arguments: dict[str, Any], least: int) -> list[dict[str, Any]]:
     """What a search answers: a few matching items that echo the query."""
     results = []
     for _ in range(values.random.randint(least, 3)):
@@ -329,7 +204,6 @@ class ErrorRecoveryInstance(Instance):
     def __init__(self, tools: Sequence[Tool], seed: int, difficulty: int, plan: _Plan) -> None:
         super().__init__(tools, seed, difficulty)
         self.by_name = {tool.name: tool for tool in self.tools}
-        self.validators = {tool.name: _validator(tool) for tool in self.tools}
         self.plan = plan
         self.tool = plan.tool
         rng = self.random
@@ -342,7 +216,7 @@ class ErrorRecoveryInstance(Instance):
         self.request = opener.format(words=words) + (f" Details — {details}." if details else "")
 
         # the record the executed call returns
-        values = _Values(_derive_seed("error_recovery", "result", seed, difficulty))
+        values = Values(derive_seed("error_recovery", "result", seed, difficulty))
         verb = self.tool.name.split("_")[0]
         ids = [param for param in id_parameters(self.tool) if param in plan.expected]
         props = properties(self.tool)
@@ -352,12 +226,12 @@ class ErrorRecoveryInstance(Instance):
             subject = f"{entity_of(ids[0]).replace('_', ' ')} {plan.expected[ids[0]]}" if ids else "request"
             self.closing = f"All done: {self.tool.name} went through for your {subject} (status: {result['status']})."
         elif ids:
-            result = values.stored(ids[0], plan.expected[ids[0]])
+            result = values.record(entity_of(ids[0]), plan.expected[ids[0]], extra=4, key=ids[0], statuses=SETTLED_STATUSES)
             result.update({key: value for key, value in plan.expected.items() if key != ids[0]})
             self.closing = f"Here is what I found for {plan.expected[ids[0]]}: status {result['status']}, amount {result['amount']:.2f}."
         elif any(_is_email(key, props.get(key, {})) for key in plan.expected):  # a profile found by email
             noun = self.tool.name.split("_", 1)[-1].rstrip("s") or "item"
-            result = values.stored(f"{noun}_id", values.identifier(f"{noun}_id"))
+            result = values.record(noun, values.identifier(f"{noun}_id"), extra=4, statuses=SETTLED_STATUSES)
             result.update(plan.expected)
             self.closing = f"I found the {noun.replace('_', ' ')} {result[f'{noun}_id']} ({result['customer_name']})."
         else:
@@ -394,9 +268,6 @@ class ErrorRecoveryInstance(Instance):
         if not isinstance(assistant, dict):
             self.events.append("assistant message is not an object")
             return StepResult([{"role": "user", "content": "Sorry, I didn't get that."}], False)
-        if isinstance(assistant.get("content"), list):  # OpenAI content parts
-            text = "".join(part.get("text", "") for part in assistant["content"] if isinstance(part, dict))
-            assistant = {**assistant, "content": text}
         parsed = parse_assistant(assistant)
         self.events.extend(parsed.errors)
         if parsed.calls:
@@ -429,23 +300,23 @@ class ErrorRecoveryInstance(Instance):
             self.events.append(f"repeated the identical failing call {call.name}")
         tool = self.by_name.get(call.name)
         if tool is None:
-            return self._fail(call, _error(f"unknown tool {call.name!r}", "unknown_tool"), f"unknown tool {call.name!r}")
+            return self._fail(call, error_result(f"unknown tool {call.name!r}", "unknown_tool"), f"unknown tool {call.name!r}")
         if not isinstance(call.arguments, dict):
-            return self._fail(call, _error("arguments must be a JSON object", "invalid_arguments"), f"arguments of {call.name} are not a JSON object")
+            return self._fail(call, error_result("arguments must be a JSON object", "invalid_arguments"), f"arguments of {call.name} are not a JSON object")
         arguments = call.arguments
         if tool.name == self.tool.name:
             return self._answer_task(call, arguments)
-        problem = _schema_problem(self.validators[tool.name], arguments)
+        problem = schema_error(tool, arguments)
         if problem is not None:
-            return self._fail(call, _error(f"invalid arguments for {call.name}: {problem}", "invalid_arguments"), f"schema violation in {call.name}")
+            return self._fail(call, error_result(f"invalid arguments for {call.name}: {problem}", "invalid_arguments"), f"schema violation in {call.name}")
         unknown = self._unknown_id(tool, arguments)
         if unknown is not None:
-            return self._fail(call, _error(f"{unknown[0]} {_spoken(unknown[1])} not found", "not_found"))
+            return self._fail(call, error_result(f"{unknown[0]} {_spoken(unknown[1])} not found", "not_found"))
         return tool_message(call, self._other_result(tool, arguments))
 
     def _unknown_id(self, tool: Tool, arguments: dict[str, Any]) -> tuple[str, Any] | None:
         for param in id_parameters(tool):
-            if param in arguments and not (param in self.known_ids and _same(arguments[param], self.known_ids[param])):
+            if param in arguments and not (param in self.known_ids and same_as_backend(arguments[param], self.known_ids[param])):
                 return param, arguments[param]
         return None
 
@@ -453,24 +324,24 @@ class ErrorRecoveryInstance(Instance):
         plan = self.plan
         if self.executed is not None:  # already done: a read answers again, a write is not repeated
             if is_write(self.tool):
-                return tool_message(call, _error(f"{self.tool.name} was already carried out", "conflict"))
+                return tool_message(call, error_result(f"{self.tool.name} was already carried out", "conflict"))
             return tool_message(call, self.result)
         rule = self._rule_error(arguments)
         if rule is not None:
             self.designed_error_seen = True
             return self._fail(call, rule, f"{plan.kind} error on {call.name}")
-        problem = _schema_problem(self.validators[self.tool.name], arguments)
+        problem = schema_error(self.tool, arguments)
         if problem is not None:
-            return self._fail(call, _error(f"invalid arguments for {call.name}: {problem}", "invalid_arguments"), f"schema violation in {call.name}")
+            return self._fail(call, error_result(f"invalid arguments for {call.name}: {problem}", "invalid_arguments"), f"schema violation in {call.name}")
         unknown = self._unknown_id(self.tool, arguments)
         if unknown is not None:
-            return self._fail(call, _error(f"{unknown[0]} {_spoken(unknown[1])} not found", "not_found"))
+            return self._fail(call, error_result(f"{unknown[0]} {_spoken(unknown[1])} not found", "not_found"))
         if self.transients_left > 0:
             self.transients_left -= 1
             self.designed_error_seen = True
             self.events.append(f"rate limit on {call.name}")
-            return tool_message(call, _error("rate limited, retry the same request", "rate_limited", retry_after_s=1))
-        self.executed = all(key in arguments and _same(arguments[key], value) for key, value in plan.expected.items())
+            return tool_message(call, error_result("rate limited, retry the same request", "rate_limited", retry_after_s=1))
+        self.executed = all(key in arguments and same_as_backend(arguments[key], value) for key, value in plan.expected.items())
         if not self.executed:
             self.events.append(f"executed {call.name} with wrong arguments")
             return tool_message(call, {**self.result, **arguments} if "results" not in self.result else self.result)
@@ -482,27 +353,27 @@ class ErrorRecoveryInstance(Instance):
             return None
         value = arguments[param]
         if plan.kind == "not_found":
-            if _same(value, plan.expected[param]):
+            if same_as_backend(value, plan.expected[param]):
                 return None
-            if isinstance(value, str) and _same(value, plan.naive[param]):
-                return _error(f"{param} {value} not found; did you mean {plan.expected[param]}?", "not_found")
-            return _error(f"{param} {_spoken(value)} not found", "not_found")
+            if isinstance(value, str) and same_as_backend(value, plan.naive[param]):
+                return error_result(f"{param} {value} not found; did you mean {plan.expected[param]}?", "not_found")
+            return error_result(f"{param} {_spoken(value)} not found", "not_found")
         if plan.kind == "date_format" and not _iso_date_ok(value):
-            return _error(f"{param} must be YYYY-MM-DD; got '{_spoken(value)}'", "invalid_argument", field=param)
+            return error_result(f"{param} must be YYYY-MM-DD; got '{_spoken(value)}'", "invalid_argument", field=param)
         if plan.kind == "enum_value":
             allowed = properties(self.tool)[param]["enum"]
             if value not in allowed:
-                return _error(f"{param} must be one of {', '.join(allowed)}; got '{_spoken(value)}'", "invalid_argument", field=param)
+                return error_result(f"{param} must be one of {', '.join(allowed)}; got '{_spoken(value)}'", "invalid_argument", field=param)
         return None
 
     def _other_result(self, tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
         """A plausible answer of a tool the task does not need (nothing in it is scored)."""
-        values = _Values(_derive_seed(self.seed, tool.name, _canonical(tool.name, arguments)))
+        values = Values(derive_seed(self.seed, tool.name, _canonical(tool.name, arguments)))
         ids = [param for param in id_parameters(tool) if param in arguments]
         if is_write(tool):
             return {"status": PAST.get(tool.name.split("_")[0], "done"), **arguments}
         if ids:
-            record = values.stored(ids[0], arguments[ids[0]])
+            record = values.record(entity_of(ids[0]), arguments[ids[0]], extra=4, key=ids[0], statuses=SETTLED_STATUSES)
             record.update({key: value for key, value in arguments.items() if key != ids[0]})
             return record
         noun = tool.name.split("_", 1)[-1].rstrip("s") or "item"
@@ -582,13 +453,12 @@ class ErrorRecoveryFamily(Family):
     @staticmethod
     def _plan(tools: Sequence[Tool], tool: Tool, kind: str, param: str | None, rng: random.Random, transients: int) -> _Plan | None:
         """Schema-valid arguments for ``tool`` and the user's way of saying them, or None."""
-        validator = _validator(tool)
-        values = _Values(rng.getrandbits(48))
+        values = Values(rng.getrandbits(48))
         props = properties(tool)
         for _ in range(6):
             names = required(tool) + ([param] if param and param not in required(tool) else [])
             expected = {name: values.value(name, props[name]) for name in names}
-            if _schema_problem(validator, expected) is not None:
+            if schema_error(tool, expected) is not None:
                 continue
             naive = dict(expected)
             if kind == "not_found":
@@ -610,7 +480,7 @@ class ErrorRecoveryFamily(Family):
         reason = self.unusable(tools)
         if reason:
             raise ValueError(f"{self.name} cannot use these tools: {reason}")
-        rng = random.Random(_derive_seed(self.name, "plan", seed, difficulty))
+        rng = random.Random(derive_seed(self.name, "plan", seed, difficulty))
         options = self._options(tools)
         kinds = [kind for kind in KINDS if any(option[1] == kind for option in options)]
         if difficulty >= 2 and len(kinds) > 1:

@@ -10,27 +10,24 @@ chain, else a read. The agent must walk the whole chain in order and end with a 
 that reports the outcome: the confirmation code the final write returns (or the reference code the
 final read returns).
 
-The helpers at the top (clock-free seeded values, key parameters, schema checks, JSON equality,
-malformed-turn handling) are shared with the sibling family ``structured_data_reasoning``.
+The helpers at the top (tool nouns, how values are spoken, malformed-turn events) are shared with
+the sibling family ``structured_data_reasoning``; seeds, schema checks and equality come from ``simulation``.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from jsonschema import SchemaError
-from jsonschema.validators import validator_for
 
 from trainer.environment import (
     Family,
     Instance,
     Message,
+    ParsedTurn,
     StepResult,
     Tool,
     ToolCall,
@@ -41,84 +38,10 @@ from trainer.environment import (
     tool_message,
     tools_hash,
 )
-from trainer.world import Values, entity_of, id_parameters, is_read, is_write, properties, required
+from trainer.simulation import derive_seed, same, schema_error, to_the_cent
+from trainer.world import Values, entity_of, is_read, is_write, key_parameters, properties, required
 
 # -- shared helpers ----------------------------------------------------------------------------------
-
-# Every generated date is relative to this fixed day: ``Values`` asks Faker for dates relative to
-# the clock, which would make an instance depend on the day it is built.
-ANCHOR = _dt.date(2026, 3, 2)
-
-# Parameters that name one entity: the world's id names plus keys people look things up by.
-_KEY_NAME = re.compile(r"(^|_)(id|number|code|ref|reference|sku|email|username|handle|key|uuid|slug)$", re.IGNORECASE)
-
-
-def derive_seed(*parts: Any) -> int:
-    """A stable integer from printable parts (never ``hash()``: it is salted per process)."""
-    digest = hashlib.sha256("\x1f".join(str(part) for part in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big")
-
-
-class SeededValues(Values):
-    """``Values`` whose dates come from a fixed anchor, never from the clock."""
-
-    def value(self, name: str, schema: dict[str, Any]) -> Any:
-        schema = schema if isinstance(schema, dict) else {}
-        kind = schema.get("type", "string")
-        if isinstance(kind, list):
-            kind = next((k for k in kind if k != "null"), "string")
-        if kind == "string" and not schema.get("enum") and not schema.get("pattern"):
-            fmt, lowered = schema.get("format"), name.lower()
-            if fmt == "date-time":
-                return self.datetime()
-            if fmt == "date" or lowered.endswith("date") or lowered == "day":
-                return self.date()
-        return super().value(name, schema)
-
-    def date(self, low: int = 1, high: int = 90) -> str:
-        return (ANCHOR + _dt.timedelta(days=self.random.randint(low, high))).isoformat()
-
-    def datetime(self) -> str:
-        moment = _dt.datetime(ANCHOR.year, ANCHOR.month, ANCHOR.day) + _dt.timedelta(
-            days=self.random.randint(1, 90), minutes=self.random.randint(0, 24 * 60 - 1)
-        )
-        return moment.isoformat()
-
-    def key_value(self, name: str, schema: dict[str, Any]) -> Any:
-        """A value for a key parameter: ids from ``Values``; other key names (``sku``…) get an id too."""
-        schema = schema if isinstance(schema, dict) else {}
-        if schema.get("enum") or schema.get("format") or "email" in name.lower() or schema.get("type", "string") != "string":
-            return self.value(name, schema)
-        return self.identifier(name, schema)
-
-    def record(self, entity: str, identifier: Any, extra: int = 3, key: str | None = None) -> dict[str, Any]:
-        """A plausible stored record keyed by ``key`` (default ``<entity>_id``), clock-free."""
-        record: dict[str, Any] = {key or f"{entity}_id": identifier}
-        record["status"] = self.random.choice(["active", "confirmed", "pending"])
-        fields = [
-            ("customer_name", self.faker.name),
-            ("created", lambda: self.date(-90, -1)),
-            ("amount", lambda: round(self.random.uniform(20, 900), 2)),
-            ("email", self.faker.email),
-        ]
-        for field_name, make in fields[:extra]:
-            if field_name not in record:
-                record[field_name] = make()
-        return record
-
-
-def key_parameters(tool: Tool) -> list[str]:
-    """Required parameters that name an entity (``reservation_id``, ``order_number``, ``email``, ``sku``)."""
-    props = properties(tool)
-    ids = set(id_parameters(tool))
-    keys = []
-    for name in required(tool):
-        schema = props[name] if isinstance(props[name], dict) else {}
-        if schema.get("enum") or schema.get("type", "string") != "string":
-            continue
-        if name in ids or _KEY_NAME.search(name) or schema.get("format") == "email":
-            keys.append(name)
-    return keys
 
 
 def user_choice(tool: Tool, name: str) -> bool:
@@ -173,37 +96,6 @@ def and_join(items: Sequence[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def same(left: Any, right: Any) -> bool:
-    """JSON equality without Python's ``True == 1``; numbers compare to the cent."""
-    if isinstance(left, bool) or isinstance(right, bool):
-        return type(left) is type(right) and left == right
-    if isinstance(left, (int, float)) and isinstance(right, (int, float)):
-        return abs(left - right) < 0.005
-    if isinstance(left, dict) and isinstance(right, dict):
-        return left.keys() == right.keys() and all(same(left[key], right[key]) for key in left)
-    if isinstance(left, list) and isinstance(right, list):
-        return len(left) == len(right) and all(same(a, b) for a, b in zip(left, right))
-    return type(left) is type(right) and left == right
-
-
-def schema_error(tool: Tool, arguments: Any) -> str | None:
-    """Why ``arguments`` fail the tool's JSON schema (None when they pass)."""
-    if not isinstance(arguments, dict):
-        kind = "invalid JSON" if arguments is None else type(arguments).__name__
-        return f"arguments must be a JSON object, got {kind}"
-    schema = tool.parameters if isinstance(tool.parameters, dict) else {}
-    try:
-        validator = validator_for(schema)(schema)
-        errors = sorted(validator.iter_errors(arguments), key=lambda e: (list(map(str, e.absolute_path)), e.message))
-    except (SchemaError, TypeError, ValueError):  # the target's own schema is broken: check required only
-        missing = [name for name in required(tool) if name not in arguments]
-        return f"missing {', '.join(missing)}" if missing else None
-    if not errors:
-        return None
-    where = "/".join(str(part) for part in errors[0].absolute_path)
-    return f"{where + ': ' if where else ''}{errors[0].message}"
-
-
 def call_signature(call: ToolCall) -> str:
     """Canonical text of a call (name + arguments), to detect identical repeated calls."""
     try:
@@ -213,16 +105,11 @@ def call_signature(call: ToolCall) -> str:
     return f"{call.name}\x1f{arguments}"
 
 
-def safe_parse(assistant: Any, events: list[str]):
-    """``parse_assistant`` that never raises: odd shapes become an empty turn and an event."""
+def safe_parse(assistant: Any, events: list[str]) -> ParsedTurn:
+    """``parse_assistant``, recording a message that is not an object and every parse error as events."""
     if not isinstance(assistant, dict):
         events.append(f"malformed_message: {type(assistant).__name__}")
-        assistant = {"role": "assistant", "content": assistant if isinstance(assistant, str) else ""}
-    try:
-        parsed = parse_assistant(assistant)
-    except Exception as error:  # noqa: BLE001 - a policy's garbage must never crash a rollout
-        events.append(f"malformed_message: {type(error).__name__}")
-        parsed = parse_assistant({"role": "assistant", "content": ""})
+    parsed = parse_assistant(assistant)
     for error in parsed.errors:
         events.append(f"parse_error: {error}")
     return parsed
@@ -355,7 +242,7 @@ class MultiStepCompletionInstance(Instance):
     def __init__(self, tools: Sequence[Tool], seed: int, difficulty: int) -> None:
         super().__init__(tools, seed, difficulty)
         self.by_name = {tool.name: tool for tool in self.tools}
-        self.values = SeededValues(derive_seed("multi_step_completion", seed, difficulty))
+        self.values = Values(derive_seed("multi_step_completion", seed, difficulty))
         rng = self.values.random
         names = pick_chain(self.tools, 3 if difficulty >= 2 else 2, rng)
         if names is None:
@@ -483,7 +370,7 @@ class MultiStepCompletionInstance(Instance):
     def _matches(self, step: ChainStep, call: ToolCall) -> bool:
         if call.name != step.link.tool.name or not isinstance(call.arguments, dict):
             return False
-        return all(name in call.arguments and same(call.arguments[name], value) for name, value in step.arguments.items())
+        return all(name in call.arguments and same(call.arguments[name], value, to_the_cent) for name, value in step.arguments.items())
 
     def _off_chain(self, tool: Tool, arguments: dict[str, Any], index: int) -> dict[str, Any]:
         """Result of a schema-valid call that is not the next chain step."""
@@ -500,7 +387,7 @@ class MultiStepCompletionInstance(Instance):
             result["status"] = past_tense(tool_verb(tool))
             return result
         self.events.append(f"off_chain_read: {tool.name}")
-        values = SeededValues(derive_seed("multi_step_completion.read", self.seed, self.difficulty, self.turns, index))
+        values = Values(derive_seed("multi_step_completion.read", self.seed, self.difficulty, self.turns, index))
         keys = key_parameters(tool)
         if keys:
             return values.record(entity_of(keys[0]), arguments[keys[0]], extra=3, key=keys[0])
@@ -516,7 +403,7 @@ class MultiStepCompletionInstance(Instance):
         if tool is None:
             self.events.append(f"unknown_tool: {call.name}")
             return {"error": f"unknown tool {call.name}"}
-        problem = schema_error(tool, call.arguments)
+        problem = schema_error(tool, call.arguments, formats=False)  # types and shape only, as ever
         if problem is not None:
             self.events.append(f"schema_violation: {call.name}: {problem}")
             return {"error": f"invalid arguments for {call.name}: {problem}"}

@@ -22,8 +22,6 @@ the episode.
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
 import random
 import re
 from collections.abc import Sequence
@@ -31,10 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from faker import Faker
-from jsonschema import FormatChecker, SchemaError
-from jsonschema.exceptions import best_match
-from jsonschema.validators import validator_for
 
 from trainer.environment import (
     Family,
@@ -49,141 +43,16 @@ from trainer.environment import (
     render_system_prompt,
     tool_message,
 )
+from trainer.simulation import SETTLED_STATUSES, derive_seed, error_result, matches, same_as_backend, schema_error
 from trainer.world import Values, entity_of, id_parameters, is_read, is_write, properties, required
 
-# -- local helpers (deterministic values, schema checks, equality) ---------------------------------
-
-# A fixed "today": ``world.Values`` asks Faker for dates relative to the clock, which would make an
-# instance depend on the day it is built.
-ANCHOR = _dt.date(2026, 3, 2)
+# -- local helpers (wording) -------------------------------------------------------------------------
 
 PAST = {
     "cancel": "cancelled", "update": "updated", "modify": "modified", "book": "booked", "create": "created",
     "delete": "deleted", "send": "sent", "transfer": "transferred", "issue": "issued", "add": "added",
     "remove": "removed",
 }  # fmt: skip
-
-
-def _derive_seed(*parts: Any) -> int:
-    """A stable integer from printable parts (never ``hash()``: it is salted per process)."""
-    digest = hashlib.sha256("\x1f".join(str(part) for part in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big")
-
-
-class _SeededFaker:
-    """Faker output for one seed, as ``Faker().seed_instance(seed)`` gives it, from one shared Faker
-    (building a Faker takes milliseconds): each call runs on this object's own random stream, so
-    interleaved users never disturb each other."""
-
-    _shared: Faker | None = None
-
-    def __init__(self, seed: int) -> None:
-        self._random = random.Random(seed)
-
-    def __getattr__(self, name: str) -> Any:
-        if _SeededFaker._shared is None:
-            _SeededFaker._shared = Faker()
-        shared = _SeededFaker._shared
-        method = getattr(shared, name)
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            previous = shared.random
-            shared.random = self._random
-            try:
-                return method(*args, **kwargs)
-            finally:
-                shared.random = previous
-
-        return call
-
-
-class _Values(Values):
-    """``world.Values`` with clock-free dates, SKU-like values for ``sku`` parameters and a cheap Faker."""
-
-    def __init__(self, seed: int) -> None:  # noqa: D107 - world.Values' fields, without building a Faker
-        self.random = random.Random(seed)
-        self.faker = _SeededFaker(seed)
-
-    def value(self, name: str, schema: dict[str, Any]) -> Any:
-        schema = schema if isinstance(schema, dict) else {}
-        kind = schema.get("type", "string")
-        if isinstance(kind, list):
-            kind = next((k for k in kind if k != "null"), "string")
-        if kind == "string" and not schema.get("enum") and not schema.get("pattern"):
-            fmt, lowered = schema.get("format"), name.lower()
-            if fmt == "date-time":
-                moment = _dt.datetime(ANCHOR.year, ANCHOR.month, ANCHOR.day) + _dt.timedelta(
-                    days=self.random.randint(1, 90), minutes=self.random.randint(0, 24 * 60 - 1)
-                )
-                return moment.isoformat()
-            if fmt == "date" or lowered.endswith("date") or lowered == "day":
-                return (ANCHOR + _dt.timedelta(days=self.random.randint(1, 90))).isoformat()
-            if lowered == "sku" or lowered.endswith("_sku"):
-                return f"SKU-{self.random.randint(100000, 999999)}"
-        return super().value(name, schema)
-
-    def stored(self, id_param: str, identifier: str) -> dict[str, Any]:
-        """A plausible stored record keyed by its id parameter (no clock)."""
-        return {
-            id_param: identifier,
-            "status": self.random.choice(["active", "confirmed"]),
-            "customer_name": self.faker.name(),
-            "email": self.faker.email(),
-            "created": (ANCHOR - _dt.timedelta(days=self.random.randint(1, 90))).isoformat(),
-            "amount": round(self.random.uniform(20, 900), 2),
-        }
-
-
-_VALIDATORS: dict[bytes, Any] = {}  # checking a schema is slow; validators are stateless, so share them
-
-
-def _validator(tool: Tool) -> Any:
-    schema = tool.parameters if isinstance(tool.parameters, dict) else {}
-    try:
-        key = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
-    except TypeError:
-        return None
-    if key not in _VALIDATORS:
-        try:
-            cls = validator_for(schema)
-            cls.check_schema(schema)
-            _VALIDATORS[key] = cls(schema, format_checker=FormatChecker())
-        except (SchemaError, TypeError, ValueError, AttributeError):  # a broken schema checks nothing, never crashes
-            _VALIDATORS[key] = None
-    return _VALIDATORS[key]
-
-
-def _schema_problem(validator: Any, arguments: Any) -> str | None:
-    if validator is None:
-        return None if isinstance(arguments, dict) else "arguments must be a JSON object"
-    try:
-        error = best_match(validator.iter_errors(arguments))
-    except Exception as exc:  # noqa: BLE001 - a validator crash is reported, not raised
-        return f"arguments could not be checked: {type(exc).__name__}"
-    return None if error is None else error.message
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equality as a backend would apply it: numbers within rounding, strings trimmed and case-folded."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return abs(a - b) <= 1e-6 * max(1.0, abs(b))
-    if isinstance(a, str) and isinstance(b, str):
-        return a.strip().casefold() == b.strip().casefold()
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return a == b
-
-
-def _matches(arguments: dict[str, Any], expected: dict[str, Any]) -> bool:
-    return all(key in arguments and _same(arguments[key], value) for key, value in expected.items())
-
-
-def _error(message: str, code: str) -> dict[str, Any]:
-    return {"error": message, "code": code}
 
 
 def _spoken(value: Any) -> str:
@@ -241,14 +110,14 @@ def _targets(tools: Sequence[Tool]) -> list[_Target]:
     return targets
 
 
-def _write_arguments(values: _Values, target: _Target, identifier: str, validator: Any) -> dict[str, Any] | None:
+def _write_arguments(values: Values, target: _Target, identifier: str) -> dict[str, Any] | None:
     """Schema-valid arguments for the write (its required parameters), or None after a few tries."""
     for _ in range(6):
         arguments = {}
         for name in [target.id_param, *required(target.write)]:
             if name not in arguments:
                 arguments[name] = identifier if name == target.id_param else values.value(name, properties(target.write)[name])
-        if _schema_problem(validator, arguments) is None:
+        if schema_error(target.write, arguments) is None:
             return arguments
     return None
 
@@ -282,16 +151,15 @@ class PreconditionVerificationInstance(Instance):
     def __init__(self, tools: Sequence[Tool], seed: int, difficulty: int, target: _Target) -> None:
         super().__init__(tools, seed, difficulty)
         self.by_name = {tool.name: tool for tool in self.tools}
-        self.validators = {tool.name: _validator(tool) for tool in self.tools}
         self.target = target
         self.write, self.id_param = target.write, target.id_param
         self.entity = entity_of(self.id_param)
         rng = self.random
         self.read_tool = rng.choice(target.reads)
-        values = _Values(_derive_seed("precondition_verification", seed, difficulty))
+        values = Values(derive_seed("precondition_verification", seed, difficulty))
         self.values = values
         self.identifier = values.identifier(self.id_param, properties(self.write).get(self.id_param))
-        arguments = _write_arguments(values, target, self.identifier, self.validators[self.write.name])
+        arguments = _write_arguments(values, target, self.identifier)
         if arguments is None:
             raise ValueError(f"cannot generate schema-valid arguments for {self.write.name}")
         self.expected = arguments
@@ -300,7 +168,7 @@ class PreconditionVerificationInstance(Instance):
         self.verb = self.write.name.split("_")[0]
 
         # the stored record, and (difficulty 2) the precondition it reveals
-        record = values.stored(self.id_param, self.identifier)
+        record = values.record(self.entity, self.identifier, extra=4, key=self.id_param, statuses=SETTLED_STATUSES)
         amount = self.expected.get("amount")
         if isinstance(amount, (int, float)) and not isinstance(amount, bool):
             record["amount"] = round(float(amount) + values.random.uniform(0, 200), 2)  # a refund fits the order
@@ -388,9 +256,6 @@ class PreconditionVerificationInstance(Instance):
         if not isinstance(assistant, dict):
             self.events.append("assistant message is not an object")
             return StepResult([{"role": "user", "content": "Sorry, I didn't get that."}], False)
-        if isinstance(assistant.get("content"), list):  # OpenAI content parts
-            text = "".join(part.get("text", "") for part in assistant["content"] if isinstance(part, dict))
-            assistant = {**assistant, "content": text}
         parsed = parse_assistant(assistant)
         self.events.extend(parsed.errors)
         if parsed.calls:
@@ -421,14 +286,14 @@ class PreconditionVerificationInstance(Instance):
         tool = self.by_name.get(call.name)
         if tool is None:
             self.events.append(f"unknown tool {call.name!r}")
-            return tool_message(call, _error(f"unknown tool {call.name!r}", "unknown_tool"))
+            return tool_message(call, error_result(f"unknown tool {call.name!r}", "unknown_tool"))
         if not isinstance(call.arguments, dict):
             self.events.append(f"arguments of {call.name} are not a JSON object")
-            return tool_message(call, _error("arguments must be a JSON object", "invalid_arguments"))
-        problem = _schema_problem(self.validators[tool.name], call.arguments)
+            return tool_message(call, error_result("arguments must be a JSON object", "invalid_arguments"))
+        problem = schema_error(tool, call.arguments)
         if problem is not None:
             self.events.append(f"schema violation in {call.name}: {problem}")
-            return tool_message(call, _error(f"invalid arguments for {call.name}: {problem}", "invalid_arguments"))
+            return tool_message(call, error_result(f"invalid arguments for {call.name}: {problem}", "invalid_arguments"))
         if is_write(tool):
             return tool_message(call, self._write(tool, call.arguments))
         return tool_message(call, self._read(tool, call.arguments))
@@ -436,7 +301,7 @@ class PreconditionVerificationInstance(Instance):
     def _unknown_id(self, arguments: dict[str, Any], tool: Tool) -> tuple[str, Any] | None:
         for param in id_parameters(tool):
             if param in arguments:
-                known = param in self.known_ids and _same(arguments[param], self.known_ids[param])
+                known = param in self.known_ids and same_as_backend(arguments[param], self.known_ids[param])
                 if not known:
                     return param, arguments[param]
         return None
@@ -444,7 +309,7 @@ class PreconditionVerificationInstance(Instance):
     def _read(self, tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
         unknown = self._unknown_id(arguments, tool)
         if unknown is not None:
-            return _error(f"{entity_of(unknown[0]).replace('_', ' ')} {_spoken(unknown[1])} not found", "not_found")
+            return error_result(f"{entity_of(unknown[0]).replace('_', ' ')} {_spoken(unknown[1])} not found", "not_found")
         if self.id_param in arguments:
             self.read_done = True
             record = dict(self.record)
@@ -454,11 +319,11 @@ class PreconditionVerificationInstance(Instance):
                 record["items"] = [dict(item) for item in self.items]
             return record
         # an unrelated read (a search, a profile by email…): a plausible answer that reveals nothing
-        values = _Values(_derive_seed(self.seed, tool.name, orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)))
+        values = Values(derive_seed(self.seed, tool.name, orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)))
         noun = tool.name.split("_", 1)[-1].rstrip("s") or "item"
         results = []
         for _ in range(values.random.randint(1, 3)):
-            item = values.stored(f"{noun}_id", values.identifier(f"{noun}_id"))
+            item = values.record(noun, values.identifier(f"{noun}_id"), extra=4, statuses=SETTLED_STATUSES)
             item.update({key: value for key, value in arguments.items() if not isinstance(value, (dict, list))})
             results.append(item)
         return {"results": results}
@@ -468,11 +333,11 @@ class PreconditionVerificationInstance(Instance):
         if unknown is not None:
             self.wrong_entity = True
             self.events.append(f"write {tool.name} aimed at another entity: {unknown[0]}={_spoken(unknown[1])}")
-            return _error(f"{entity_of(unknown[0]).replace('_', ' ')} {_spoken(unknown[1])} not found", "not_found")
+            return error_result(f"{entity_of(unknown[0]).replace('_', ' ')} {_spoken(unknown[1])} not found", "not_found")
         if self.first_write is not None:
             self.events.append(f"second write {tool.name}")
-            return _error(f"{self.entity.replace('_', ' ')} {self.identifier} was already {self.first_write_status}", "conflict")
-        correct = tool.name == self.write.name and _matches(arguments, self.expected)
+            return error_result(f"{self.entity.replace('_', ' ')} {self.identifier} was already {self.first_write_status}", "conflict")
+        correct = tool.name == self.write.name and matches(arguments, self.expected)
         self.first_write = _Write(correct, self.read_done, self.confirmed, self.mentioned)
         verb = tool.name.split("_")[0]
         self.first_write_status = PAST.get(verb, "changed")
@@ -481,7 +346,7 @@ class PreconditionVerificationInstance(Instance):
         result: dict[str, Any] = {self.id_param: self.identifier} if self.id_param in arguments else {}
         result["status"] = self.first_write_status
         result.update({key: value for key, value in arguments.items() if key != self.id_param})
-        result["confirmation_code"] = f"CF{_derive_seed(self.seed, tool.name) % 1_000_000:06d}"
+        result["confirmation_code"] = f"CF{derive_seed(self.seed, tool.name) % 1_000_000:06d}"
         return result
 
     # -- scoring -----------------------------------------------------------------------------------
@@ -566,9 +431,9 @@ class PreconditionVerificationFamily(Family):
     def _find_usable_targets(tools: Sequence[Tool]) -> list[_Target]:
         usable = []
         for target in _targets(tools):
-            probe = _Values(0)
+            probe = Values(0)
             identifier = probe.identifier(target.id_param, properties(target.write).get(target.id_param))
-            if _write_arguments(probe, target, identifier, _validator(target.write)) is not None:
+            if _write_arguments(probe, target, identifier) is not None:
                 usable.append(target)
         return usable
 
@@ -585,5 +450,5 @@ class PreconditionVerificationFamily(Family):
         targets = self._usable_targets(tools)
         if not targets:
             raise ValueError(f"{self.name} cannot use these tools: {self.unusable(tools)}")
-        target = random.Random(_derive_seed(self.name, "target", seed)).choice(targets)
+        target = random.Random(derive_seed(self.name, "target", seed)).choice(targets)
         return PreconditionVerificationInstance(tools, seed, difficulty, target)

@@ -38,18 +38,14 @@ from trainer.environment import (
 )
 from trainer.families.multi_step_completion import (
     FORMAT_REMINDER,
-    SeededValues,
     and_join,
-    derive_seed,
-    key_parameters,
     phrase,
     safe_parse,
-    same,
-    schema_error,
     spoken,
     tool_noun,
 )
-from trainer.world import entity_of, is_read, is_write, properties, required
+from trainer.simulation import derive_seed, same, schema_error, to_the_cent
+from trainer.world import Values, entity_of, is_read, is_write, key_parameters, properties, required
 
 # -- what the records look like ----------------------------------------------------------------------
 
@@ -171,7 +167,7 @@ class StructuredDataReasoningInstance(Instance):
     def __init__(self, tools: Sequence[Tool], seed: int, difficulty: int) -> None:
         super().__init__(tools, seed, difficulty)
         self.by_name = {tool.name: tool for tool in self.tools}
-        self.values = SeededValues(derive_seed("structured_data_reasoning", seed, difficulty))
+        self.values = Values(derive_seed("structured_data_reasoning", seed, difficulty))
         rng = self.values.random
         reads = [tool for tool in self.tools if is_read(tool)]
         candidates = [tool for tool in reads if required(tool)] or reads
@@ -323,7 +319,7 @@ class StructuredDataReasoningInstance(Instance):
         if tool is None:
             self.events.append(f"unknown_tool: {call.name}")
             return {"error": f"unknown tool {call.name}"}
-        problem = schema_error(tool, call.arguments)
+        problem = schema_error(tool, call.arguments, formats=False)  # types and shape only, as ever
         if problem is not None:
             self.events.append(f"schema_violation: {call.name}: {problem}")
             return {"error": f"invalid arguments for {call.name}: {problem}"}
@@ -332,11 +328,11 @@ class StructuredDataReasoningInstance(Instance):
             known = [self.arguments[name]] if name in self.arguments else []
             if name == self.scheme.id_field:
                 known += [record[name] for record in self.records]
-            if not any(same(arguments.get(name), value) for value in known):
+            if not any(same(arguments.get(name), value, to_the_cent) for value in known):
                 self.events.append(f"unknown_id: {tool.name}.{name}={arguments.get(name)!r:.40}")
                 return {"error": f"{phrase(entity_of(name))} {arguments.get(name)} not found"}
         if tool.name == self.target.name:
-            if all(name in arguments and same(arguments[name], value) for name, value in self.arguments.items()):
+            if all(name in arguments and same(arguments[name], value, to_the_cent) for name, value in self.arguments.items()):
                 self.read_ok = True
                 return self.result
             self.events.append(f"wrong_arguments: {tool.name}")
@@ -345,7 +341,7 @@ class StructuredDataReasoningInstance(Instance):
             self.events.append(f"unrequested_write: {tool.name}")
             return {"error": f"{tool.name} was not carried out: the user did not ask for a change"}
         self.events.append(f"other_read: {tool.name}")
-        values = SeededValues(derive_seed("structured_data_reasoning.read", self.seed, self.difficulty, call.name, self.turns))
+        values = Values(derive_seed("structured_data_reasoning.read", self.seed, self.difficulty, call.name, self.turns))
         keys = key_parameters(tool)
         if keys:
             return values.record(entity_of(keys[0]), arguments[keys[0]], extra=2, key=keys[0])

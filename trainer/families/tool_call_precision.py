@@ -6,26 +6,21 @@ exactly that call; the environment answers with a simulated result and the episo
 agent's plain-text answer. Difficulty 2 asks for every parameter the tool has (optional ones too)
 and puts a distractor value (an older id, a value to ignore) into the request.
 
-The helpers at the top (seeded values without a clock, schema checks, strict JSON equality, how
-values are spoken) are shared with the sibling family ``argument_grounding``.
+The helpers at the top (entity nouns, how values are spoken, simulated results) are shared with the
+sibling family ``argument_grounding``; seeds, schema checks and equality come from ``simulation``.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
-from jsonschema import FormatChecker, SchemaError
-from jsonschema.validators import validator_for
 
 from trainer.environment import (
     Family,
     Instance,
     Message,
-    ParsedTurn,
     StepResult,
     Tool,
     ToolCall,
@@ -35,59 +30,10 @@ from trainer.environment import (
     render_system_prompt,
     tool_message,
 )
+from trainer.simulation import derive_seed, same, schema_error
 from trainer.world import Values, entity_of, id_parameters, is_read, properties, required
 
 # -- shared helpers --------------------------------------------------------------------------------
-
-# A fixed "today" for every generated date: ``Values`` asks Faker for dates relative to the clock,
-# which would make an instance depend on the day it is built.
-ANCHOR = _dt.date(2026, 3, 2)
-
-
-def derive_seed(*parts: Any) -> int:
-    """A stable integer from any printable parts (no ``hash()``: it is salted per process)."""
-    digest = hashlib.sha256("\x1f".join(str(part) for part in parts).encode()).digest()
-    return int.from_bytes(digest[:8], "big")
-
-
-class SeededValues(Values):
-    """``Values`` whose dates come from a fixed anchor, never from the clock."""
-
-    def value(self, name: str, schema: dict[str, Any]) -> Any:
-        schema = schema if isinstance(schema, dict) else {}
-        kind = schema.get("type", "string")
-        if isinstance(kind, list):
-            kind = next((k for k in kind if k != "null"), "string")
-        if kind == "string" and not schema.get("enum") and not schema.get("pattern"):
-            fmt, lowered = schema.get("format"), name.lower()
-            if fmt == "date-time":
-                return self.datetime()
-            if fmt == "date" or lowered.endswith("date") or lowered == "day":
-                return self.date()
-        return super().value(name, schema)
-
-    def date(self, low: int = 1, high: int = 90) -> str:
-        return (ANCHOR + _dt.timedelta(days=self.random.randint(low, high))).isoformat()
-
-    def datetime(self) -> str:
-        moment = _dt.datetime(ANCHOR.year, ANCHOR.month, ANCHOR.day) + _dt.timedelta(
-            days=self.random.randint(1, 90), minutes=self.random.randint(0, 24 * 60 - 1)
-        )
-        return moment.isoformat()
-
-    def record(self, entity: str, identifier: str, extra: int = 3, key: str | None = None) -> dict[str, Any]:
-        """A plausible stored record (like ``Values.record``), keyed by ``key`` (default ``<entity>_id``)."""
-        record: dict[str, Any] = {key or f"{entity}_id": identifier}
-        record["status"] = self.random.choice(["active", "confirmed", "pending"])
-        fields = [
-            ("customer_name", self.faker.name),
-            ("created", lambda: self.date(-90, -1)),
-            ("amount", lambda: round(self.random.uniform(20, 900), 2)),
-            ("email", self.faker.email),
-        ]
-        for field_name, make in fields[:extra]:
-            record[field_name] = make()
-        return record
 
 
 def tool_entity(tool: Tool) -> str:
@@ -125,35 +71,6 @@ def spoken(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def same(left: Any, right: Any) -> bool:
-    """JSON equality without Python's ``True == 1``; ints and floats compare by value."""
-    if isinstance(left, bool) or isinstance(right, bool):
-        return type(left) is type(right) and left == right
-    if isinstance(left, (int, float)) and isinstance(right, (int, float)):
-        return left == right
-    if isinstance(left, dict) and isinstance(right, dict):
-        return left.keys() == right.keys() and all(same(left[key], right[key]) for key in left)
-    if isinstance(left, list) and isinstance(right, list):
-        return len(left) == len(right) and all(same(a, b) for a, b in zip(left, right))
-    return type(left) is type(right) and left == right
-
-
-def schema_error(tool: Tool, arguments: Any) -> str | None:
-    """Why ``arguments`` fail the tool's JSON schema (None when they pass)."""
-    if not isinstance(arguments, dict):
-        return f"arguments must be a JSON object, got {type(arguments).__name__ if arguments is not None else 'invalid JSON'}"
-    schema = tool.parameters if isinstance(tool.parameters, dict) else {}
-    try:
-        validator = validator_for(schema)(schema, format_checker=FormatChecker())
-        error = next(iter(sorted(validator.iter_errors(arguments), key=lambda e: list(e.absolute_path))), None)
-    except SchemaError:  # the target's own schema is broken: only the object shape can be checked
-        return None
-    if error is None:
-        return None
-    where = "/".join(str(part) for part in error.absolute_path)
-    return f"{where + ': ' if where else ''}{error.message}"
-
-
 def call_attempts(parsed: Any) -> int:
     """Calls in one parsed message, counting unparseable blocks (arguments that are not JSON are
     reported both as an error and as a call with ``arguments=None``: counted once)."""
@@ -161,7 +78,7 @@ def call_attempts(parsed: Any) -> int:
     return len(parsed.calls) + max(0, len(parsed.errors) - attached)
 
 
-def simulated_result(tool: Tool, arguments: dict[str, Any], values: SeededValues) -> dict[str, Any]:
+def simulated_result(tool: Tool, arguments: dict[str, Any], values: Values) -> dict[str, Any]:
     """What a declared tool plausibly returns for schema-valid arguments."""
     ids = [name for name in id_parameters(tool) if isinstance(arguments.get(name), str)]
     if not is_read(tool):
@@ -182,7 +99,7 @@ def simulated_result(tool: Tool, arguments: dict[str, Any], values: SeededValues
     return {"results": results}
 
 
-def state_values(values: SeededValues, arguments: dict[str, Any], order: list[str]) -> str:
+def state_values(values: Values, arguments: dict[str, Any], order: list[str]) -> str:
     """A sentence (varied templates) stating every argument value."""
     rng = values.random
     pairs = [(phrase(name), spoken(arguments[name])) for name in order]
@@ -200,7 +117,7 @@ def state_values(values: SeededValues, arguments: dict[str, Any], order: list[st
 OPENERS = ("Hi!", "Hello.", "Hey there.", "Good morning.", "Hi, quick one.", "")
 
 
-def action_phrase(tool: Tool, values: SeededValues) -> str:
+def action_phrase(tool: Tool, values: Values) -> str:
     """What the user asks for, from the tool's description or its name."""
     description = tool.description.strip().rstrip(".").strip()
     if description and values.random.random() < 0.5:
@@ -226,7 +143,7 @@ class ToolCallPrecisionInstance(Instance):
     def __init__(self, tools: Sequence[Tool], seed: int, difficulty: int) -> None:
         super().__init__(tools, seed, difficulty)
         self.by_name = {tool.name: tool for tool in self.tools}
-        self.values = SeededValues(derive_seed("tool_call_precision", seed, difficulty))
+        self.values = Values(derive_seed("tool_call_precision", seed, difficulty))
         rng = self.values.random
         candidates = [tool for tool in self.tools if required(tool)]
         if difficulty >= 2:
@@ -320,17 +237,14 @@ class ToolCallPrecisionInstance(Instance):
             return {"error": f"invalid arguments for {call.name}: {problem}"}
         if call.name != self.target.name:
             self.events.append(f"wrong_tool: {call.name}")
-        values = SeededValues(derive_seed("tool_call_precision.result", self.seed, self.difficulty, self.turns, index))
+        values = Values(derive_seed("tool_call_precision.result", self.seed, self.difficulty, self.turns, index))
         return simulated_result(tool, call.arguments, values)
 
     def step(self, assistant: Message) -> StepResult:
         if self.done:
             return StepResult([], True)
         self.turns += 1
-        try:
-            parsed = parse_assistant(assistant if isinstance(assistant, dict) else {})
-        except Exception as error:  # a message shape the parser does not expect: malformed output
-            parsed = ParsedTurn("", [], [f"unparseable message ({type(error).__name__})"])
+        parsed = parse_assistant(assistant)
         for error in parsed.errors:
             self.events.append(f"parse_error: {error}")
         attempts = call_attempts(parsed)
