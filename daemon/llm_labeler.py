@@ -38,12 +38,9 @@ from typing import Any, TypeVar
 import httpx
 import jsonschema
 import orjson
-from pydantic import Field, field_validator, model_validator
 
 from daemon.capabilities import Capability, Judgement, Label, ToolCall, Trajectory, Turn
-from daemon.settings import ConfigError, Section
-
-from daemon.settings import CAPABILITY_NAME, CustomCapability, LLMSettings  # noqa: E402,F401  (re-exported)
+from daemon.settings import CAPABILITY_NAME, ConfigError, CustomCapability, LLMSettings  # noqa: F401 (re-exported)
 
 # Seconds slept before retrying after a transport error or a retryable HTTP status (times 2**attempt).
 RETRY_BACKOFF_S = 0.25

@@ -227,6 +227,54 @@ class Instance(ABC):
         return None
 
 
+class DialogueInstance(Instance):
+    """An instance that answers tool calls with simulated results and plain text with a user turn.
+
+    Subclasses set ``instructions`` and ``request`` (in ``_start``), and implement ``_answer`` (one
+    tool call) and ``_on_text`` (a plain-text turn); malformed or empty turns are handled here.
+    """
+
+    instructions: str = ""
+    request: str = ""
+    finished: bool = False
+
+    def _start(self) -> None:
+        """Build the episode's world; called by reset."""
+
+    def reset(self) -> list[Message]:
+        self._start()
+        return [
+            {"role": "system", "content": render_system_prompt(self.instructions, self.tools)},
+            {"role": "user", "content": self.request},
+        ]
+
+    def step(self, assistant: Message) -> StepResult:
+        if self.finished:
+            return StepResult([], True)
+        if not isinstance(assistant, dict):
+            self.events.append("assistant message is not an object")
+            return StepResult([{"role": "user", "content": "Sorry, I didn't get that."}], False)
+        parsed = parse_assistant(assistant)
+        self.events.extend(parsed.errors)
+        if parsed.calls:
+            return StepResult([self._answer(call) for call in parsed.calls], False)
+        if parsed.errors:
+            return StepResult([{"role": "user", "content": "Sorry, I couldn't read that. What did you mean?"}], False)
+        text = parsed.text.strip()
+        if not text:
+            self.events.append("empty assistant message")
+            return StepResult([{"role": "user", "content": "Hello? Are you still there?"}], False)
+        return self._on_text(text)
+
+    @abstractmethod
+    def _answer(self, call: ToolCall) -> Message:
+        """The simulated tool result for one call."""
+
+    @abstractmethod
+    def _on_text(self, text: str) -> StepResult:
+        """React to a plain-text assistant turn (the user's reply, or the end of the episode)."""
+
+
 class Family(ABC):
     """How instances of one capability are built from a tool set and scored."""
 

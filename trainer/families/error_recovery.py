@@ -35,16 +35,14 @@ from typing import Any
 import orjson
 
 from trainer.environment import (
+    DialogueInstance,
     Family,
-    Instance,
     Message,
     StepResult,
     Tool,
     ToolCall,
     assistant_call,
     assistant_text,
-    parse_assistant,
-    render_system_prompt,
     tool_message,
 )
 from trainer.simulation import SETTLED_STATUSES, derive_seed, error_result, same_as_backend, schema_error
@@ -198,7 +196,9 @@ class _Plan:
     transients: int  # rate limits before the backend executes a call that passes the rule
 
 
-class ErrorRecoveryInstance(Instance):
+class ErrorRecoveryInstance(DialogueInstance):
+    instructions = INSTRUCTIONS
+
     max_turns = 8
 
     def __init__(self, tools: Sequence[Tool], seed: int, difficulty: int, plan: _Plan) -> None:
@@ -255,29 +255,7 @@ class ErrorRecoveryInstance(Instance):
         self.gave_up_text: str | None = None
         self.finished = False
 
-    def reset(self) -> list[Message]:
-        self._start()
-        return [
-            {"role": "system", "content": render_system_prompt(INSTRUCTIONS, self.tools)},
-            {"role": "user", "content": self.request},
-        ]
-
-    def step(self, assistant: Message) -> StepResult:
-        if self.finished:
-            return StepResult([], True)
-        if not isinstance(assistant, dict):
-            self.events.append("assistant message is not an object")
-            return StepResult([{"role": "user", "content": "Sorry, I didn't get that."}], False)
-        parsed = parse_assistant(assistant)
-        self.events.extend(parsed.errors)
-        if parsed.calls:
-            return StepResult([self._answer(call) for call in parsed.calls], False)
-        if parsed.errors:
-            return StepResult([{"role": "user", "content": "Sorry, I couldn't read that. What did you mean?"}], False)
-        text = parsed.text.strip()
-        if not text:
-            self.events.append("empty assistant message")
-            return StepResult([{"role": "user", "content": "Hello? Are you still there?"}], False)
+    def _on_text(self, text: str) -> StepResult:
         if self.executed is not None:
             self.final_text = text
         else:

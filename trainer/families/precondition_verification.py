@@ -31,16 +31,14 @@ from typing import Any
 import orjson
 
 from trainer.environment import (
+    DialogueInstance,
     Family,
-    Instance,
     Message,
     StepResult,
     Tool,
     ToolCall,
     assistant_call,
     assistant_text,
-    parse_assistant,
-    render_system_prompt,
     tool_message,
 )
 from trainer.simulation import SETTLED_STATUSES, derive_seed, error_result, matches, same_as_backend, schema_error
@@ -145,7 +143,9 @@ INSTRUCTIONS = (
 )
 
 
-class PreconditionVerificationInstance(Instance):
+class PreconditionVerificationInstance(DialogueInstance):
+    instructions = INSTRUCTIONS
+
     max_turns = 8
 
     def __init__(self, tools: Sequence[Tool], seed: int, difficulty: int, target: _Target) -> None:
@@ -243,29 +243,7 @@ class PreconditionVerificationInstance(Instance):
         self.finished = False
         self.final_text: str | None = None
 
-    def reset(self) -> list[Message]:
-        self._start()
-        return [
-            {"role": "system", "content": render_system_prompt(INSTRUCTIONS, self.tools)},
-            {"role": "user", "content": self.request},
-        ]
-
-    def step(self, assistant: Message) -> StepResult:
-        if self.finished:
-            return StepResult([], True)
-        if not isinstance(assistant, dict):
-            self.events.append("assistant message is not an object")
-            return StepResult([{"role": "user", "content": "Sorry, I didn't get that."}], False)
-        parsed = parse_assistant(assistant)
-        self.events.extend(parsed.errors)
-        if parsed.calls:
-            return StepResult([self._answer(call) for call in parsed.calls], False)
-        if parsed.errors:
-            return StepResult([{"role": "user", "content": "Sorry, I couldn't read that. What did you mean?"}], False)
-        text = parsed.text.strip()
-        if not text:
-            self.events.append("empty assistant message")
-            return StepResult([{"role": "user", "content": "Hello? Are you still there?"}], False)
+    def _on_text(self, text: str) -> StepResult:
         if self.first_write is not None:
             self.final_text = text
             self.finished = True
