@@ -508,6 +508,12 @@ def test_strip_fences() -> None:
 def test_schemas_are_valid_json_schemas() -> None:
     jsonschema.Draft202012Validator.check_schema(LABEL_SCHEMA)
     jsonschema.Draft202012Validator.check_schema(DISCOVERY_SCHEMA)
+    label = jsonschema.Draft202012Validator(LABEL_SCHEMA)
+    assert label.is_valid({"label": "LACKING", "reason": "no read", "evidence_turns": [3]})
+    assert not label.is_valid({"label": "MAYBE", "reason": "?", "evidence_turns": []})
+    discovery = jsonschema.Draft202012Validator(DISCOVERY_SCHEMA)
+    assert discovery.is_valid({"capabilities": []})
+    assert not discovery.is_valid({"capabilities": "none"})
 
 
 # ---------------------------------------------------------------------------------------------

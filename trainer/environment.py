@@ -290,8 +290,16 @@ class Family(ABC):
         """Why these tools cannot host this family (None when they can)."""
         return None
 
+    def instance(self, tools: Sequence[Tool], seed: int, difficulty: int = 1) -> Instance:
+        """One seeded instance on these tools; a ValueError says why the tools cannot host it."""
+        reason = self.unusable(tools)
+        if reason:
+            raise ValueError(f"{self.name} cannot use these tools: {reason}")
+        return self.build(tools, seed, difficulty)
+
     @abstractmethod
-    def instance(self, tools: Sequence[Tool], seed: int, difficulty: int = 1) -> Instance: ...
+    def build(self, tools: Sequence[Tool], seed: int, difficulty: int) -> Instance:
+        """The instance itself, on tools already known to be usable."""
 
 
 @dataclass(slots=True)

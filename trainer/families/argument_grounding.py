@@ -378,8 +378,5 @@ class ArgumentGroundingFamily(Family):
             return "no tool has a required id parameter that another tool's result could supply"
         return None
 
-    def instance(self, tools: Sequence[Tool], seed: int, difficulty: int = 1) -> ArgumentGroundingInstance:
-        reason = self.unusable(tools)
-        if reason:
-            raise ValueError(f"{self.name} cannot use these tools: {reason}")
+    def build(self, tools: Sequence[Tool], seed: int, difficulty: int = 1) -> ArgumentGroundingInstance:
         return ArgumentGroundingInstance(tools, seed, max(1, min(int(difficulty), max(self.levels))))

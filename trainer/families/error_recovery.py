@@ -452,12 +452,9 @@ class ErrorRecoveryFamily(Family):
             return _Plan(tool, kind, param, expected, naive, transients)
         return None
 
-    def instance(self, tools: Sequence[Tool], seed: int, difficulty: int = 1) -> ErrorRecoveryInstance:
+    def build(self, tools: Sequence[Tool], seed: int, difficulty: int = 1) -> ErrorRecoveryInstance:
         if difficulty not in self.levels:
             raise ValueError(f"{self.name} has difficulty levels {self.levels}, not {difficulty}")
-        reason = self.unusable(tools)
-        if reason:
-            raise ValueError(f"{self.name} cannot use these tools: {reason}")
         rng = random.Random(derive_seed(self.name, "plan", seed, difficulty))
         options = self._options(tools)
         kinds = [kind for kind in KINDS if any(option[1] == kind for option in options)]

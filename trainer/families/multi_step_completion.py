@@ -516,8 +516,5 @@ class MultiStepCompletionFamily(Family):
                     return None
         return "no two tools form a chain where a read reveals an argument of the next call"
 
-    def instance(self, tools: Sequence[Tool], seed: int, difficulty: int = 1) -> MultiStepCompletionInstance:
-        reason = self.unusable(tools)
-        if reason:
-            raise ValueError(f"{self.name} cannot use these tools: {reason}")
+    def build(self, tools: Sequence[Tool], seed: int, difficulty: int = 1) -> MultiStepCompletionInstance:
         return MultiStepCompletionInstance(tools, seed, difficulty)

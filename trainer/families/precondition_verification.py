@@ -422,11 +422,9 @@ class PreconditionVerificationFamily(Family):
             return "no schema-valid arguments can be generated for the state-changing tools"
         return None
 
-    def instance(self, tools: Sequence[Tool], seed: int, difficulty: int = 1) -> PreconditionVerificationInstance:
+    def build(self, tools: Sequence[Tool], seed: int, difficulty: int = 1) -> PreconditionVerificationInstance:
         if difficulty not in self.levels:
             raise ValueError(f"{self.name} has difficulty levels {self.levels}, not {difficulty}")
-        targets = self._usable_targets(tools)
-        if not targets:
-            raise ValueError(f"{self.name} cannot use these tools: {self.unusable(tools)}")
+        targets = self._usable_targets(tools)  # non-empty: Family.instance checked unusable()
         target = random.Random(derive_seed(self.name, "target", seed)).choice(targets)
         return PreconditionVerificationInstance(tools, seed, difficulty, target)

@@ -445,8 +445,5 @@ class StructuredDataReasoningFamily(Family):
             return "no read tool to return records"
         return None
 
-    def instance(self, tools: Sequence[Tool], seed: int, difficulty: int = 1) -> StructuredDataReasoningInstance:
-        reason = self.unusable(tools)
-        if reason:
-            raise ValueError(f"{self.name} cannot use these tools: {reason}")
+    def build(self, tools: Sequence[Tool], seed: int, difficulty: int = 1) -> StructuredDataReasoningInstance:
         return StructuredDataReasoningInstance(tools, seed, difficulty)

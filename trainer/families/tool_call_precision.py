@@ -314,8 +314,5 @@ class ToolCallPrecisionFamily(Family):
             return "no tool has a required parameter"
         return None
 
-    def instance(self, tools: Sequence[Tool], seed: int, difficulty: int = 1) -> ToolCallPrecisionInstance:
-        reason = self.unusable(tools)
-        if reason:
-            raise ValueError(f"{self.name} cannot use these tools: {reason}")
+    def build(self, tools: Sequence[Tool], seed: int, difficulty: int = 1) -> ToolCallPrecisionInstance:
         return ToolCallPrecisionInstance(tools, seed, max(1, min(int(difficulty), max(self.levels))))
