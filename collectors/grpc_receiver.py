@@ -6,7 +6,6 @@ INVALID_ARGUMENT and a reason instead of grpcio's generic deserialization failur
 
 from __future__ import annotations
 
-import hmac
 import time
 from collections.abc import Callable
 from concurrent import futures
@@ -20,6 +19,7 @@ from collectors.ingest import Ingestor, Pending
 from collectors.otlp import PayloadError, parse_logs_protobuf, parse_traces_protobuf
 from daemon import metrics
 from daemon.writer import Overloaded, WriterStopped
+from daemon.auth import bearer_matches
 
 _COMMIT_TIMEOUT_S = 60.0
 
@@ -97,6 +97,4 @@ class GrpcReceiver:
     def _authorized(self, context: grpc.ServicerContext) -> bool:
         if not self.token:
             return True
-        metadata = dict(context.invocation_metadata())
-        scheme, _, credentials = metadata.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip(), self.token)
+        return bearer_matches(dict(context.invocation_metadata()).get("authorization", ""), self.token)

@@ -8,7 +8,6 @@ Retry-After when the writer is saturated (exporters retry it).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 import zlib
 from collections.abc import Callable
@@ -32,6 +31,7 @@ from collectors.otlp import (
 )
 from daemon import metrics
 from daemon.writer import Overloaded, WriterStopped
+from daemon.auth import bearer_matches
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -171,7 +171,5 @@ class HttpReceiver:
     def _authorize(self, request: Request) -> None:
         if not self.token:
             return
-        header = request.headers.get("authorization", "")
-        scheme, _, credentials = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(credentials.strip(), self.token):
+        if not bearer_matches(request.headers.get("authorization", ""), self.token):
             raise HttpError(401, "missing or wrong bearer token; set the exporter header Authorization: Bearer <token>")

@@ -5,7 +5,6 @@ Reads are open on the loopback interface; every mutating call needs `Authorizati
 
 from __future__ import annotations
 
-import hmac
 import os
 import secrets
 import time
@@ -20,6 +19,7 @@ from pydantic import BaseModel, Field
 
 from daemon import metrics
 from daemon.settings import Settings
+from daemon.auth import bearer_matches
 
 if TYPE_CHECKING:
     from daemon.service import Daemon
@@ -68,8 +68,7 @@ class Discover(BaseModel):
 
 def authorized(request: Request) -> str:
     """The caller's name, for mutating calls; 401 without the right bearer token."""
-    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(credentials.strip(), request.app.state.api_token):
+    if not bearer_matches(request.headers.get("authorization", ""), request.app.state.api_token):
         raise HTTPException(401, "missing or wrong bearer token (see [api] token or <store dir>/api.token)")
     return "api-token"
 
