@@ -6,6 +6,7 @@ import logging
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -86,6 +87,8 @@ class Daemon:
         self.api = create_api(self)
         self.endpoints: dict[str, str] = {}
         self._job_errors: dict[str, str] = {}
+        # Jobs that move capability states take turns; the store's compare-and-set guards the rest.
+        self._state_lock = threading.Lock()
 
     def health(self) -> tuple[bool, list[str]]:
         problems = [f"job {job} failing: {error}" for job, error in self._job_errors.items()]
@@ -102,6 +105,13 @@ class Daemon:
                 log.exception("job %s failed", name)
                 metrics.JOB_FAILURES.labels(name).inc()
                 self._job_errors[name] = str(error)
+
+        return run
+
+    def _serialized(self, function: Any) -> Any:
+        def run() -> None:
+            with self._state_lock:
+                function()
 
         return run
 
@@ -207,13 +217,13 @@ class Daemon:
                 id="analyze",
             )
             self.scheduler.add_job(
-                self._job("trigger", self.trigger.run_pass),
+                self._job("trigger", self._serialized(self.trigger.run_pass)),
                 "interval",
                 seconds=self.settings.analysis.interval_s,
                 id="trigger",
             )
             self.scheduler.add_job(
-                self._job("synthesize", self.synthesizer.run_pass),
+                self._job("synthesize", self._serialized(self.synthesizer.run_pass)),
                 "interval",
                 seconds=self.settings.analysis.interval_s,
                 id="synthesize",

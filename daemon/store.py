@@ -688,9 +688,14 @@ class AnalysisStore:
         pass_id: int,
         stats: str | None = None,
         cooldown_until: Any = None,
-    ) -> None:
-        """Move a capability to a state, recording the transition (a no-op move only updates counters)."""
+    ) -> bool:
+        """Move a capability from `from_state` to a state, recording the transition (a no-op move only
+        updates counters). Compare-and-set: when another job has moved the capability since the caller
+        read `from_state`, nothing is written and False is returned."""
         with self.store.transaction() as tx:
+            current = tx.execute("SELECT state FROM capability_states WHERE capability = ?", [capability]).fetchall()
+            if current and current[0][0] != from_state:
+                return False
             tx.execute(
                 "INSERT INTO capability_states VALUES (?, ?, now(), ?, ?, ?, ?) ON CONFLICT (capability) DO UPDATE SET "
                 "state = excluded.state, since = CASE WHEN capability_states.state = excluded.state "
@@ -704,6 +709,7 @@ class AnalysisStore:
                     "VALUES (now(), ?, ?, ?, ?, ?)",
                     [capability, from_state, to_state, reason, stats],
                 )
+        return True
 
     def transitions(self, capability: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         return self.store.query(

@@ -58,12 +58,12 @@ class Synthesizer:
                 capability, environment.spec(), service, definitions, request["request_id"], status, report.to_dict()
             )
             state = self.store.states().get(capability)
-            if state is not None and report.passed:
-                self.store.transition(
+            if state is not None and report.passed and not self.store.transition(
                     capability, state["state"], ENVIRONMENT_STATE,
                     f"environment {environment_id} ({family.name} on {service}'s {len(definitions)} tools) checked "
                     f"on {self.seeds} seeds", state["consecutive"], state["last_pass_id"],
-                )  # fmt: skip
+                ):  # fmt: skip
+                log.warning("capability %s moved on while environment %d was built", capability, environment_id)
             log.info("environment %d for %s: %s", environment_id, capability, status)
             created.append(environment_id)
         return created

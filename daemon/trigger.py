@@ -94,7 +94,9 @@ class Trigger:
         stats_json = _stats_json(stats) if stats else None
 
         def move(to: str, reason: str, count: int = 0, cooldown_until: Any = None) -> Transition | None:
-            self.store.transition(capability, current, to, reason, count, pass_id, stats_json, cooldown_until)
+            if not self.store.transition(capability, current, to, reason, count, pass_id, stats_json, cooldown_until):
+                log.info("capability %s moved on while the trigger ran; it is stepped in the next pass", capability)
+                return None
             if to != current:
                 log.info("capability %s: %s -> %s (%s)", capability, current, to, reason)
                 return Transition(capability, current, to, reason)
