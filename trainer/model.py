@@ -98,8 +98,11 @@ def load(model: str, cache_dir: Path) -> tuple[Any, Any]:
     return network, tokenizer
 
 
-def tiny_random_model(directory: Path, tokenizer_source: Any, seed: int = 0) -> Path:
-    """A 2-layer Llama with random weights and the given tokenizer: real code paths in seconds."""
+def tiny_random_model(directory: Path, tokenizer_source: Any, seed: int = 0, initializer_range: float = 0.02) -> Path:
+    """A 2-layer Llama with random weights and the given tokenizer: real code paths in seconds.
+
+    With the usual ``initializer_range`` its next-token distribution is nearly uniform whatever the
+    hidden state (the logits stay below ~1); a larger one gives it the range learning needs."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -112,6 +115,7 @@ def tiny_random_model(directory: Path, tokenizer_source: Any, seed: int = 0) -> 
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=4096,
+        initializer_range=initializer_range,
         bos_token_id=tokenizer_source.bos_token_id,
         eos_token_id=tokenizer_source.eos_token_id,
     )

@@ -1,0 +1,223 @@
+"""Token-level rollouts: a causal LM acting in environment instances, many episodes in lockstep.
+
+Every episode is kept as one token sequence, exactly the one the model saw while sampling: the
+opening messages rendered with the chat template, then for each turn the tokens the model sampled
+(trained) followed by the environment's answer rendered the same way (masked). The trainer gets
+``prompt_ids``, ``completion_ids`` and ``env_mask`` (1 = the policy's own token) per episode.
+
+A hinted episode samples with the hint in its system prompt, but its ``prompt_ids`` are those of the
+plain prompt: the hint is stripped before the gradient step, so the model learns to act without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.environment import Instance, Message, Rollout
+
+
+def with_hint(messages: list[Message], hint: str | None) -> list[Message]:
+    """The opening messages with the hint appended to the system prompt (unchanged without either)."""
+    if not hint or not messages or messages[0].get("role") != "system":
+        return messages
+    return [{**messages[0], "content": f"{messages[0]['content']}\n\nHint: {hint}"}, *messages[1:]]
+
+
+@dataclass(slots=True)
+class Sampling:
+    max_new_tokens: int = 128
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    max_turns: int | None = None  # default: the instance's own limit
+    max_length: int = 4096  # an episode whose tokens reach this ends where it is
+
+
+@dataclass(slots=True)
+class TokenRollout:
+    rollout: Rollout
+    prompt_ids: list[int]  # the plain opening (no hint), ending with the generation prompt
+    completion_ids: list[int]  # policy and environment tokens, in order
+    env_mask: list[int]  # per completion token: 1 = sampled by the policy, 0 = environment/template
+    hinted: bool = False
+    truncated_turns: int = 0  # turns cut by max_new_tokens
+
+    @property
+    def policy_tokens(self) -> int:
+        return sum(self.env_mask)
+
+
+@dataclass(slots=True)
+class _Episode:
+    instance: Instance
+    messages: list[Message]  # the plain conversation (no hint), as recorded
+    from_policy: list[bool]
+    context: list[int]  # what the model sees: hinted prompt + completion
+    prompt_ids: list[int]
+    completion: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    hinted: bool = False
+    done: bool = False
+    turns: int = 0
+    truncated_turns: int = 0
+
+    def extend(self, ids: Sequence[int], trained: bool) -> None:
+        self.context.extend(ids)
+        self.completion.extend(ids)
+        self.mask.extend([int(trained)] * len(ids))
+
+
+class ChatTokens:
+    """Renders conversations into token ids with the tokenizer's chat template, turn by turn."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.end_of_turn = tokenizer.eos_token_id
+        self.end_text = tokenizer.eos_token or ""
+
+    def render(self, messages: list[Message], generation_prompt: bool) -> str:
+        chat = [{"role": message["role"], "content": message.get("content") or ""} for message in messages]
+        return self.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def opening(self, messages: list[Message]) -> list[int]:
+        return self.encode(self.render(messages, generation_prompt=True))
+
+    def after_turn(self, conversation: list[Message], added: list[Message], generation_prompt: bool) -> list[int]:
+        """Tokens that follow the policy's end-of-turn token: the rest of the template's rendering of
+        the assistant turn (e.g. ChatML's newline), the added messages and, when the policy acts
+        again, the generation prompt."""
+        before = self.render(conversation, generation_prompt=False)
+        after = self.render(conversation + added, generation_prompt=generation_prompt)
+        if not after.startswith(before):  # a template that re-renders history; keep what is new
+            after = after[len(self.render(conversation[:-1], generation_prompt=False)) :]
+            before = ""
+        tail = before[before.rfind(self.end_text) + len(self.end_text) :] if self.end_text in before else ""
+        return self.encode(tail + after[len(before) :])
+
+
+def generate_rollouts(
+    model: Any,
+    tokenizer: Any,
+    instances: Sequence[Instance],
+    sampling: Sampling,
+    hinted: Sequence[bool] | None = None,
+    seed: int = 0,
+) -> list[TokenRollout]:
+    """Run every instance to its end with the model, batching one assistant turn of all live
+    episodes per ``generate`` call. Sampling is seeded by ``seed`` (same inputs, same rollouts)."""
+    import torch
+
+    chat = ChatTokens(tokenizer)
+    hinted = list(hinted) if hinted is not None else [False] * len(instances)
+    episodes = []
+    for instance, with_hint_text in zip(instances, hinted, strict=True):
+        messages = instance.reset()
+        prompt_ids = chat.opening(messages)
+        context = chat.opening(with_hint(messages, instance.hint())) if with_hint_text else list(prompt_ids)
+        episodes.append(
+            _Episode(instance, messages, [False] * len(messages), context, prompt_ids, hinted=with_hint_text)
+        )
+    generator_state = torch.random.get_rng_state()
+    was_training = model.training
+    model.eval()
+    try:
+        turn = 0
+        while live := [episode for episode in episodes if not episode.done]:
+            torch.manual_seed(seed * 7919 + turn)
+            for episode, sampled in zip(live, _generate(model, tokenizer, live, sampling), strict=True):
+                _advance(chat, episode, sampled, sampling)
+            turn += 1
+    finally:
+        torch.random.set_rng_state(generator_state)
+        model.train(was_training)
+    return [
+        TokenRollout(
+            Rollout(episode.messages, episode.from_policy, episode.instance.reward(), episode.instance.success(), list(episode.instance.events)),
+            episode.prompt_ids,
+            episode.completion,
+            episode.mask,
+            episode.hinted,
+            episode.truncated_turns,
+        )
+        for episode in episodes
+    ]
+
+
+def _generate(model: Any, tokenizer: Any, episodes: list[_Episode], sampling: Sampling) -> list[list[int]]:
+    """One assistant turn for each episode (left-padded batch); the sampled ids up to and
+    including the end-of-turn token."""
+    import torch
+
+    width = max(len(episode.context) for episode in episodes)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    input_ids = torch.full((len(episodes), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(episodes), width), dtype=torch.long)
+    for row, episode in enumerate(episodes):
+        input_ids[row, width - len(episode.context) :] = torch.tensor(episode.context)
+        attention[row, width - len(episode.context) :] = 1
+    sample = sampling.temperature > 0
+    with torch.no_grad():
+        output = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention,
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=sample,
+            temperature=sampling.temperature if sample else None,
+            top_p=sampling.top_p if sample else None,
+            top_k=None,
+            pad_token_id=pad,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    turns = []
+    for row in output[:, width:].tolist():
+        if tokenizer.eos_token_id in row:
+            row = row[: row.index(tokenizer.eos_token_id) + 1]
+        turns.append(row)
+    return turns
+
+
+def _advance(chat: ChatTokens, episode: _Episode, sampled: list[int], sampling: Sampling) -> None:
+    """Record the sampled turn, let the instance answer, and append the answer's tokens."""
+    ended = bool(sampled) and sampled[-1] == chat.end_of_turn
+    text = chat.tokenizer.decode(sampled, skip_special_tokens=True).strip()
+    episode.extend(sampled, trained=True)
+    if not ended:  # cut by max_new_tokens: close the turn as the template would, untrained
+        episode.truncated_turns += 1
+        episode.extend([chat.end_of_turn], trained=False)
+    assistant = {"role": "assistant", "content": text}
+    episode.messages.append(assistant)
+    episode.from_policy.append(True)
+    episode.turns += 1
+    result = episode.instance.step(assistant)
+    episode.messages.extend(result.messages)
+    episode.from_policy.extend([False] * len(result.messages))
+    limit = sampling.max_turns or episode.instance.max_turns
+    if result.done or episode.turns >= limit:
+        episode.done = True
+        return
+    conversation = episode.messages[: len(episode.messages) - len(result.messages)]
+    answer = chat.after_turn(conversation, result.messages, generation_prompt=True)
+    if len(episode.context) + len(answer) + sampling.max_new_tokens > sampling.max_length:
+        episode.done = True
+        return
+    episode.extend(answer, trained=False)
+
+
+def demonstration(tokenizer: Any, instance: Instance, max_length: int = 4096) -> TokenRollout:
+    """The instance's ground-truth solution laid out exactly like a model rollout (for warm starts):
+    each solution message is rendered as the policy's tokens, the environment's answers masked."""
+    chat = ChatTokens(tokenizer)
+    messages = instance.reset()
+    prompt_ids = chat.opening(messages)
+    episode = _Episode(instance, messages, [False] * len(messages), list(prompt_ids), prompt_ids)
+    for assistant in instance.solution():
+        sampled = chat.encode(assistant.get("content") or "") + [chat.end_of_turn]
+        _advance(chat, episode, sampled, Sampling(max_new_tokens=0, max_length=max_length, max_turns=len(instance.solution()) + 1))
+        if episode.done:
+            break
+    rollout = Rollout(episode.messages, episode.from_policy, instance.reward(), instance.success(), list(instance.events))
+    return TokenRollout(rollout, episode.prompt_ids, episode.completion, episode.mask)
