@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from daemon import metrics
 from daemon.settings import Settings
 from daemon.auth import bearer_matches
+from daemon.registry import read_progress
 
 if TYPE_CHECKING:
     from daemon.service import Daemon
@@ -164,6 +165,36 @@ def create_api(daemon: Daemon) -> FastAPI:
     @api.get("/api/training_requests")
     def training_requests(status: str | None = None) -> dict[str, Any]:
         return {"items": daemon.analysis_store.training_requests(status)}
+
+    @api.get("/api/training_runs")
+    def training_runs(capability: str | None = None) -> dict[str, Any]:
+        """Training runs, newest first, each with its latest progress record."""
+        items = daemon.adapter_registry.runs(capability)
+        for item in items:
+            history = read_progress(item["directory"])
+            item["progress"] = history[-1] if history else None
+        return {"items": items}
+
+    @api.get("/api/training_runs/{run_id}")
+    def training_run(run_id: int) -> dict[str, Any]:
+        """One run with its step-by-step progress and, once finished, its evaluation report."""
+        item = daemon.adapter_registry.run(run_id)
+        if item is None:
+            raise HTTPException(404, f"no training run {run_id}")
+        item["progress"] = read_progress(item["directory"])
+        return item
+
+    @api.get("/api/adapters")
+    def adapters(capability: str | None = None, state: str | None = None) -> dict[str, Any]:
+        return {"items": daemon.adapter_registry.adapters(capability, state)}
+
+    @api.get("/api/adapters/{adapter_id}")
+    def adapter(adapter_id: int) -> dict[str, Any]:
+        """One adapter version with its evaluation report."""
+        item = daemon.adapter_registry.adapter(adapter_id)
+        if item is None:
+            raise HTTPException(404, f"no adapter {adapter_id}")
+        return item
 
     @api.post("/api/relabel", status_code=202)
     def relabel(caller: Caller, body: Relabel | None = None) -> dict[str, Any]:

@@ -244,7 +244,8 @@ def discover(config_path: Path | None, as_json: bool, samples: int) -> None:
 
 @main.group()
 def envs() -> None:
-    """Training environments: list families, sample an instance, check a family on a tool set."""
+    """Training environments: list families, sample an instance, check a family on a tool set, validate it
+    against the base model."""
 
 
 def _tools(config_path: Path | None, tools_file: Path | None, service: str | None) -> list:
@@ -386,6 +387,63 @@ def envs_check(
         for error in report.errors[:5]:
             click.echo(f"  {error}", err=True)
     if not report.passed:
+        sys.exit(1)
+
+
+@envs.command(name="validate")
+@click.argument("capability")
+@click.option("--seeds", default=None, type=click.IntRange(1, 100_000), help="Groups (default: [validation] seeds).")
+@click.option(
+    "--group-size", default=None, type=click.IntRange(2, 1000), help="Rollouts per group (default: [validation] group_size)."
+)
+@click.option("--model", "model_name", default=None, help="Base model (default: [model] name).")
+@tools_option
+@service_option
+@difficulty_option
+@config_option
+@json_option
+def envs_validate(
+    capability: str, seeds: int | None, group_size: int | None, model_name: str | None, tools_file: Path | None,
+    service: str | None, difficulty: int, config_path: Path | None, as_json: bool,
+) -> None:  # fmt: skip
+    """The validation gate, in the foreground: can the base model's rewards on this environment teach?"""
+    from trainer.model import ModelUnavailable
+    from trainer.validate_job import run_gate
+
+    settings = _settings(config_path)
+    environment = _environment(capability, _tools(config_path, tools_file, service), difficulty)
+    model = settings.model.model_dump()
+    model["name"] = model_name or model["name"]
+    model["cache_dir"] = settings.model.cache_dir or settings.store.path.parent / "models"
+    gate = settings.validation.model_dump()
+    gate["seeds"] = seeds or gate["seeds"]
+    gate["group_size"] = group_size or gate["group_size"]
+    try:
+        report = run_gate(environment.family, environment.tools, model, gate, environment.difficulty)
+    except ModelUnavailable as error:
+        raise click.ClickException(str(error)) from None
+    if as_json:
+        _print_json(report)
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=f"{capability}: {report['model']}, {gate['seeds']} groups of {gate['group_size']}")
+        for column in ("difficulty", "hints", "mean", "std", "groups with variance", "verdict"):
+            table.add_column(column)
+        for attempt in report["attempts"]:
+            table.add_row(
+                str(attempt["difficulty"]), f"{attempt['hint_share']:.0%}", f"{attempt['mean']:.3f}",
+                f"{attempt['std']:.3f}", f"{attempt['variance_groups']:.0%}", attempt["verdict"],
+            )  # fmt: skip
+        console = Console()
+        console.print(table)
+        if report["passed"]:
+            console.print(f"PASS at difficulty {report['difficulty']} ({report['remedy'] or 'no remedy needed'})")
+        else:
+            console.print(f"REJECTED: the base model's rewards cannot teach on any remedy tried "
+                          f"({report['rollouts']} rollouts, {report['seconds']:g} s)")  # fmt: skip
+    if not report["passed"]:
         sys.exit(1)
 
 

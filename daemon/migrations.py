@@ -293,4 +293,52 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    Migration(
+        5,
+        "environment validation",
+        # status becomes: checked (waits for the gate) | failed (checks or the gate's run failed) |
+        # validating | validated (the base's rewards can teach) | rejected (they cannot, on every
+        # remedy tried; the attempts are in validation)
+        """
+        ALTER TABLE environments ADD COLUMN validation VARCHAR;  -- the gate's report, or the error of its run
+        ALTER TABLE environments ADD COLUMN validated_at TIMESTAMPTZ;
+        """,
+    ),
+    Migration(
+        6,
+        "training runs and adapters",
+        """
+        CREATE SEQUENCE run_ids;
+        CREATE TABLE training_runs (
+            run_id BIGINT PRIMARY KEY DEFAULT nextval('run_ids'),
+            capability VARCHAR NOT NULL,
+            environment_id BIGINT NOT NULL,
+            request_id BIGINT,
+            version INTEGER NOT NULL,  -- the adapter version this run produces
+            status VARCHAR NOT NULL,  -- queued | running | candidate | rejected_by_eval | failed
+            directory VARCHAR NOT NULL,  -- checkpoints, progress.jsonl, result.json, the adapter
+            config VARCHAR NOT NULL,  -- the TrainConfig, JSON
+            result VARCHAR,  -- result.json: verdict, evaluation report, training summary
+            error VARCHAR,
+            created_at TIMESTAMPTZ NOT NULL,
+            started_at TIMESTAMPTZ,
+            finished_at TIMESTAMPTZ,
+            UNIQUE (capability, version)
+        );
+        CREATE SEQUENCE adapter_ids;
+        CREATE TABLE adapters (
+            adapter_id BIGINT PRIMARY KEY DEFAULT nextval('adapter_ids'),
+            capability VARCHAR NOT NULL,
+            version INTEGER NOT NULL,
+            run_id BIGINT NOT NULL,
+            environment_id BIGINT NOT NULL,
+            path VARCHAR NOT NULL,
+            manifest_sha256 VARCHAR NOT NULL,
+            state VARCHAR NOT NULL,  -- candidate (the promotion lifecycle moves it on)
+            evaluation VARCHAR NOT NULL,
+            created_at TIMESTAMPTZ NOT NULL,
+            UNIQUE (capability, version)
+        );
+        """,
+    ),
 )

@@ -26,6 +26,9 @@ from daemon.settings import Settings
 from daemon.store import AnalysisStore, Store
 from daemon.synthesis import Synthesizer
 from daemon.trigger import HEALTHY, Trigger
+from daemon.registry import Registry
+from daemon.training_job import TrainingRunner
+from daemon.validation_job import Validator
 from daemon.writer import BatchedWriter
 
 log = logging.getLogger(__name__)
@@ -80,6 +83,9 @@ class Daemon:
         self.analyzer = Analyzer(self.store, self.registry, settings.analysis)
         self.trigger = Trigger(self.store, self.registry, settings.analysis, settings.trigger)
         self.synthesizer = Synthesizer(self.analysis_store, self.registry)
+        self.validator = Validator(self.analysis_store, settings)
+        self.adapter_registry = Registry(self.store)
+        self.training = TrainingRunner(self.analysis_store, self.adapter_registry, settings)
         self.last_analysis: dict[str, Any] | None = None
         self.http_receiver = HttpReceiver(self.ingestor, collector.max_body_bytes, collector.token)
         self.grpc_receiver: GrpcReceiver | None = None
@@ -228,6 +234,25 @@ class Daemon:
                 seconds=self.settings.analysis.interval_s,
                 id="synthesize",
             )
+            self.validator.recover()
+            # Not serialized: a gate run takes minutes and moves no capability state. A second
+            # instance returns at once while one runs, instead of a "skipped" warning each interval.
+            self.scheduler.add_job(
+                self._job("validate", self.validator.run_pass),
+                "interval",
+                seconds=self.settings.analysis.interval_s,
+                id="validate",
+                max_instances=2,
+            )
+            self.training.recover()
+            # Moves capability states with compare-and-set; a run takes minutes, so not serialized.
+            self.scheduler.add_job(
+                self._job("train", self.training.run_pass),
+                "interval",
+                seconds=self.settings.analysis.interval_s,
+                id="train",
+                max_instances=2,
+            )
             self.scheduler.add_job(
                 self._job("retention", self._retention),
                 "interval",
@@ -253,6 +278,8 @@ class Daemon:
     def shutdown(self, sockets: list[socket.socket]) -> None:
         if self.grpc_receiver is not None:
             self.grpc_receiver.stop()
+        self.validator.stop()  # else the scheduler would wait for a model run to finish
+        self.training.stop()
         if self.scheduler.running:
             self.scheduler.shutdown(wait=True)
         self.writer.stop()

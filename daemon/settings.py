@@ -158,6 +158,35 @@ class GateSettings(Section):
     memory_mb: int = Field(8192, ge=256, description="Address-space limit of the validation subprocess.")
 
 
+class TrainingSettings(Section):
+    enabled: bool = Field(True, description="Train an adapter for each environment that is ready (validated, or needing a warm start).")
+    steps: int = Field(30, ge=1, description="GRPO optimisation steps.")
+    group_size: int = Field(4, ge=2, description="Rollouts per seed (K); advantages are normalised within each group.")
+    groups_per_step: int = Field(2, ge=1, description="Seeds (groups) per step.")
+    learning_rate: float = Field(1e-4, gt=0, description="LoRA learning rate for GRPO.")
+    clip_epsilon: float = Field(0.2, gt=0, description="PPO-style clip range of the surrogate.")
+    kl_beta: float = Field(0.0, ge=0, description="KL penalty to the base model (paper: 0).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature of training rollouts.")
+    max_length: int = Field(3072, ge=256, description="An episode whose tokens reach this ends where it is.")
+    lora_r: int = Field(16, ge=1, description="LoRA rank.")
+    lora_alpha: int = Field(16, ge=1, description="LoRA alpha.")
+    lora_targets: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], description="Modules that get LoRA weights."
+    )
+    warm_start_examples: int = Field(
+        48, ge=0, description="Ground-truth demonstrations for the warm start when the base fails the gate as too weak; 0 = never."
+    )
+    warm_start_epochs: int = Field(2, ge=1, description="Passes over the demonstrations.")
+    warm_start_learning_rate: float = Field(2e-4, gt=0, description="Learning rate of the warm start.")
+    save_steps: int = Field(5, ge=1, description="Checkpoint every this many steps; a killed run resumes from the last one.")
+    eval_seeds: int = Field(50, ge=1, description="Held-out seeds (disjoint from training's) for base vs adapter.")
+    eval_margin: float = Field(0.2, ge=0, le=1, description="An adapter is a candidate only when its success rate beats the base's by this.")
+    eval_interference: bool = Field(True, description="Also score the other built-in environments, to catch interference.")
+    timeout_s: float = Field(4 * 3600, gt=0, description="A training run longer than this is killed and marked failed.")
+    memory_mb: int = Field(16384, ge=512, description="Address-space limit of the training subprocess.")
+    seed: int = Field(0, description="Seed of sampling and initialisation.")
+
+
 CAPABILITY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
@@ -233,6 +262,7 @@ class Settings(Section):
     api: ApiSettings = ApiSettings()
     model: ModelSettings = ModelSettings()
     validation: GateSettings = GateSettings()
+    training: TrainingSettings = TrainingSettings()
 
 
 class ConfigError(ValueError):

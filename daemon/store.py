@@ -870,7 +870,40 @@ class AnalysisStore:
         for item in items:
             item["tools"] = orjson.loads(item["tools"])
             item["checks"] = orjson.loads(item["checks"])
+            if item.get("validation"):
+                item["validation"] = orjson.loads(item["validation"])
         return items
+
+    def environment_to_validate(self) -> dict[str, Any] | None:
+        """The oldest environment that passed its checks and waits for the validation gate."""
+        rows = self.store.query("SELECT * FROM environments WHERE status = 'checked' ORDER BY environment_id LIMIT 1")
+        if not rows:
+            return None
+        rows[0]["tools"] = orjson.loads(rows[0]["tools"])
+        return rows[0]
+
+    def set_environment_status(
+        self, environment_id: int, from_status: str, status: str, validation: dict[str, Any] | None = None
+    ) -> bool:
+        """Move an environment from `from_status` to `status`, with the gate's report when one is given.
+        Compare-and-set: False (and nothing written) when it is no longer in `from_status`."""
+        report = None if validation is None else orjson.dumps(validation).decode()
+        with self.store.transaction() as tx:
+            return bool(
+                tx.execute(
+                    "UPDATE environments SET status = ?, validation = coalesce(?, validation), "
+                    "validated_at = CASE WHEN ? IS NULL THEN validated_at ELSE now() END "
+                    "WHERE environment_id = ? AND status = ? RETURNING environment_id",
+                    [status, report, report, environment_id, from_status],
+                ).fetchall()
+            )
+
+    def requeue_validating(self) -> int:
+        """Environments a stopped or killed daemon left `validating` wait for the gate again."""
+        with self.store.transaction() as tx:
+            return len(tx.execute(
+                "UPDATE environments SET status = 'checked' WHERE status = 'validating' RETURNING environment_id"
+            ).fetchall())  # fmt: skip
 
     def tool_definitions(self, service: str | None = None) -> list[dict[str, Any]]:
         """Declared tools per agent; without a service, those of the agent seen with the most tools."""

@@ -45,7 +45,7 @@ class TrainConfig:
     generation; launch with ``accelerate launch`` for several GPUs (see docs/training.md).
     """
 
-    steps: int = 30
+    steps: int = 30  # GRPO steps; 0 = the warm start only
     group_size: int = 4  # K rollouts per seed; advantages are normalised within each group
     groups_per_step: int = 2
     learning_rate: float = 1e-4
@@ -199,6 +199,7 @@ def warm_start(model: Any, tokenizer: Any, environment: Environment, config: Tra
         max_length=config.max_length,
         dataloader_num_workers=0,
         disable_tqdm=True,
+        gradient_checkpointing=False,
     )
     trainer = SFTTrainer(model=model, args=arguments, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     result = trainer.train()
@@ -274,11 +275,11 @@ def build_trainer(
         report["warm_start"] = warm_start(model, tokenizer, environment, config, output_dir)
 
     rollouts = EnvironmentRollouts(environment, tokenizer, config)
-    seeds = config.steps * config.groups_per_step
+    seeds = max(config.steps, 1) * config.groups_per_step
     dataset = Dataset.from_dict({"prompt": [f"seed {config.train_seed_offset + index}" for index in range(seeds)]})
     defaults: dict[str, Any] = dict(
         output_dir=str(output_dir / "checkpoints"),
-        max_steps=config.steps,
+        max_steps=max(config.steps, 1),
         per_device_train_batch_size=config.groups_per_step * config.group_size,
         num_generations=config.group_size,
         gradient_accumulation_steps=1,
@@ -326,7 +327,8 @@ def train(
     ``output_dir/checkpoints``. Returns (peft model, tokenizer, report with the step history)."""
     trainer, callback, report = build_trainer(environment, model_dir, output_dir, config, progress)
     resume = latest_checkpoint(output_dir / "checkpoints")
-    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    if config.steps:
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
     report["steps"] = callback.history
     report["rollouts"] = callback.rollouts.total_rollouts
     return trainer.model, trainer.processing_class, report

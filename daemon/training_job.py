@@ -1,0 +1,159 @@
+"""The train job: turn each environment that is ready into a trained, evaluated adapter, in a
+subprocess (`trainer.train_job`) bounded in memory and time.
+
+An environment is ready when the gate validated it, or rejected it only because the base is too
+weak and a warm start is configured, or passed its checks while validation is off. Each becomes one
+run (the capability's next adapter version): its progress is read from the run directory while it
+trains; its verdict is `candidate` (an adapter row is written, the capability moves to
+`candidate`), `rejected_by_eval` (the capability cools down) or `failed`. A stopped daemon kills the
+run and leaves it `queued`; after a restart it resumes from its checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from daemon.registry import Registry
+from daemon.settings import Settings
+from daemon.store import AnalysisStore
+from daemon.subprocess_job import ModelSubprocess, Stopped, TimedOut, error_tail
+
+log = logging.getLogger(__name__)
+
+# Settings of [training] that are not TrainConfig fields.
+_JOB_ONLY = {"enabled", "eval_seeds", "eval_margin", "eval_interference", "timeout_s", "memory_mb"}
+
+
+class TrainingRunner:
+    def __init__(self, store: AnalysisStore, registry: Registry, settings: Settings) -> None:
+        self.store = store
+        self.registry = registry
+        self.settings = settings
+        self.directory = Path(settings.store.path).parent / "runs"
+        self.subprocess = ModelSubprocess()
+        self._pass_lock = threading.Lock()
+
+    def recover(self) -> int:
+        requeued = self.registry.requeue_running()
+        if requeued:
+            log.info("%d interrupted training runs will resume", requeued)
+        return requeued
+
+    def stop(self) -> None:
+        self.subprocess.stop()
+
+    def run_pass(self) -> int | None:
+        """Run the oldest queued run, or queue one for the oldest ready environment; returns the run id
+        once a verdict is stored. A pass that finds another one running returns at once."""
+        training = self.settings.training
+        if not training.enabled or self.subprocess.stopping.is_set():
+            return None
+        if not self._pass_lock.acquire(blocking=False):
+            return None
+        try:
+            run = self.registry.next_queued()
+            if run is None:
+                environment = self.registry.environment_to_train(
+                    self.settings.validation.enabled, training.warm_start_examples > 0
+                )
+                if environment is None:
+                    return None
+                run = self.registry.create_run(environment, self._config(environment), str(self.directory))
+            return self._execute(run)
+        finally:
+            self._pass_lock.release()
+
+    def _config(self, environment: dict[str, Any]) -> dict[str, Any]:
+        """The run's TrainConfig: [training] plus what validation found (hint share, warm start)."""
+        training = self.settings.training
+        config = {key: value for key, value in training.model_dump(mode="json").items() if key not in _JOB_ONLY}
+        config["max_new_tokens"] = self.settings.model.max_new_tokens
+        config["threads"] = self.settings.model.threads
+        validation = environment.get("validation") or {}
+        if environment["status"] == "validated":
+            config["hint_share"] = validation.get("hint_share", 0.0)
+            config["warm_start_examples"] = 0  # the base earns reward by itself
+        return config
+
+    def _request(self, run: dict[str, Any], environment: dict[str, Any]) -> dict[str, Any]:
+        model = self.settings.model
+        training = self.settings.training
+        cache_dir = model.cache_dir or Path(self.settings.store.path).parent / "models"
+        validation = environment.get("validation") or {}
+        return {
+            "run_id": run["run_id"],
+            "capability": run["capability"],
+            "version": run["version"],
+            "family": environment["family"],
+            "difficulty": validation.get("difficulty", environment["difficulty"]) if environment["status"] == "validated" else environment["difficulty"],
+            "tools": environment["tools"],
+            "model": {**model.model_dump(mode="json"), "cache_dir": str(cache_dir)},
+            "training": run["config"],
+            "evaluation": {"seeds": training.eval_seeds, "margin": training.eval_margin, "interference": training.eval_interference},
+            "memory_mb": training.memory_mb,
+        }
+
+    def _execute(self, run: dict[str, Any]) -> int | None:
+        run_id = run["run_id"]
+        environment = self.registry.environment(run["environment_id"])
+        if environment is None:
+            self.registry.set_run_status(run_id, "queued", "failed", error=f"environment {run['environment_id']} is gone")
+            return run_id
+        if not self.registry.set_run_status(run_id, "queued", "running"):
+            return None
+        self._move(run["capability"], "training", f"training run {run_id} (adapter v{run['version']}) started")
+        directory = Path(run["directory"])
+        directory.mkdir(parents=True, exist_ok=True)
+        request = directory / "request.json"
+        request.write_text(json.dumps(self._request(run, environment), indent=2))
+        (directory / "result.json").unlink(missing_ok=True)
+        log.info("training run %d: %s v%d on environment %d", run_id, run["capability"], run["version"], environment["environment_id"])
+        try:
+            returncode = self.subprocess.run(
+                "trainer.train_job", ["--request", str(request), "--run-dir", str(directory)],
+                directory / "stderr.log", self.settings.training.timeout_s,
+            )  # fmt: skip
+        except Stopped:
+            self.registry.set_run_status(run_id, "running", "queued")
+            return None
+        except TimedOut as error:
+            return self._fail(run, f"training {error}")
+        if returncode != 0:
+            return self._fail(run, f"training exited with {returncode}: {error_tail(directory / 'stderr.log')}")
+        result = json.loads((directory / "result.json").read_text())
+        evaluation = result["evaluation"]
+        if result["verdict"] == "candidate":
+            manifest = Path(result["adapter"]) / "manifest.json"
+            digest = hashlib.sha256(manifest.read_bytes()).hexdigest()
+            adapter_id = self.registry.add_adapter(run, result["adapter"], digest, evaluation)
+            self.registry.set_run_status(run_id, "running", "candidate", result)
+            self._move(run["capability"], "candidate", f"adapter {adapter_id} (v{run['version']}) is a candidate: {_gain(evaluation)}")
+        else:
+            self.registry.set_run_status(run_id, "running", "rejected_by_eval", result)
+            self._move(run["capability"], "cooldown", f"run {run_id} rejected by evaluation: {'; '.join(evaluation['reasons'])}", cooldown=True)
+        log.info("training run %d: %s (%s)", run_id, result["verdict"], _gain(evaluation))
+        return run_id
+
+    def _fail(self, run: dict[str, Any], error: str) -> int:
+        self.registry.set_run_status(run["run_id"], "running", "failed", error=error)
+        self._move(run["capability"], "environment", f"training run {run['run_id']} failed: {error.splitlines()[-1]}")
+        log.warning("training run %d failed: %s", run["run_id"], error)
+        return run["run_id"]
+
+    def _move(self, capability: str, to_state: str, reason: str, cooldown: bool = False) -> None:
+        state = self.store.states().get(capability)
+        if state is None:
+            return
+        until = datetime.now(timezone.utc) + timedelta(hours=self.settings.trigger.cooldown_hours) if cooldown else None
+        self.store.transition(capability, state["state"], to_state, reason, state["consecutive"], state["last_pass_id"], None, until)
+
+
+def _gain(evaluation: dict[str, Any]) -> str:
+    target = evaluation["target"]
+    return f"success {target['adapter']['success_rate']:.2f} vs base {target['base']['success_rate']:.2f} on {evaluation['seeds'][1]} held-out seeds"

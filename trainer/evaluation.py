@@ -1,0 +1,128 @@
+"""Held-out evaluation: base vs adapter on seeds the trainer never saw, greedy decoding, with 95 %
+intervals, on the capability's own environment and on the other capabilities' (interference).
+
+An adapter is a candidate only when its success rate beats the base's by the configured margin on
+its own environment and no other environment gets worse beyond the base's interval.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from trainer.environment import Environment
+from trainer.rollouts import Sampling, generate_rollouts
+
+Z95 = 1.959963984540054
+
+
+def wilson(successes: int, total: int, z: float = Z95) -> tuple[float, float]:
+    if total == 0:
+        return 0.0, 1.0
+    share = successes / total
+    denominator = 1 + z * z / total
+    centre = (share + z * z / (2 * total)) / denominator
+    half = z * math.sqrt(share * (1 - share) / total + z * z / (4 * total * total)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mean_interval(values: list[float], z: float = Z95) -> tuple[float, float]:
+    if len(values) < 2:
+        return (values[0], values[0]) if values else (0.0, 1.0)
+    mean = statistics.fmean(values)
+    half = z * statistics.stdev(values) / math.sqrt(len(values))
+    return max(0.0, mean - half), min(1.0, mean + half)
+
+
+@dataclass(slots=True)
+class Score:
+    seeds: int
+    success_rate: float
+    success_interval: tuple[float, float]
+    mean_reward: float
+    reward_interval: tuple[float, float]
+
+    @classmethod
+    def of(cls, rewards: list[float], successes: list[bool]) -> Score:
+        wins = sum(successes)
+        return cls(
+            len(rewards),
+            round(wins / len(rewards), 4) if rewards else 0.0,
+            tuple(round(value, 4) for value in wilson(wins, len(rewards))),  # type: ignore[arg-type]
+            round(statistics.fmean(rewards), 4) if rewards else 0.0,
+            tuple(round(value, 4) for value in mean_interval(rewards)),  # type: ignore[arg-type]
+        )
+
+
+def score(model: Any, tokenizer: Any, environment: Environment, seeds: range, sampling: Sampling, batch: int = 16) -> Score:
+    """Greedy rollouts on ``seeds``, ``batch`` episodes per lockstep pass."""
+    greedy = Sampling(sampling.max_new_tokens, 0.0, max_turns=sampling.max_turns, max_length=sampling.max_length)
+    rewards: list[float] = []
+    successes: list[bool] = []
+    seed_list = list(seeds)
+    for start in range(0, len(seed_list), batch):
+        chunk = [environment.instance(seed) for seed in seed_list[start : start + batch]]
+        for item in generate_rollouts(model, tokenizer, chunk, greedy):
+            rewards.append(item.rollout.reward)
+            successes.append(item.rollout.success)
+    return Score.of(rewards, successes)
+
+
+@dataclass(slots=True)
+class Comparison:
+    environment: str
+    base: Score
+    adapter: Score
+
+    @property
+    def gain(self) -> float:
+        return round(self.adapter.success_rate - self.base.success_rate, 4)
+
+    @property
+    def worse(self) -> bool:
+        """The adapter's success rate fell below the base's interval."""
+        return self.adapter.success_rate < self.base.success_interval[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"environment": self.environment, "base": asdict(self.base), "adapter": asdict(self.adapter), "gain": self.gain, "worse": self.worse}
+
+
+def compare(
+    base_model: Any,
+    adapter_model: Any,
+    tokenizer: Any,
+    target: Environment,
+    others: Mapping[str, Environment],
+    seeds: range,
+    sampling: Sampling,
+    margin: float,
+) -> dict[str, Any]:
+    """The evaluation report and its verdict: "candidate" or "rejected_by_eval" with the reasons.
+
+    ``base_model`` and ``adapter_model`` may be the same PEFT model: the base is then scored with
+    its adapters disabled."""
+    def both(environment: Environment) -> tuple[Score, Score]:
+        if base_model is adapter_model and hasattr(adapter_model, "disable_adapter"):
+            with adapter_model.disable_adapter():
+                base = score(adapter_model, tokenizer, environment, seeds, sampling)
+        else:
+            base = score(base_model, tokenizer, environment, seeds, sampling)
+        return base, score(adapter_model, tokenizer, environment, seeds, sampling)
+
+    own = Comparison(target.family.capability, *both(target))
+    interference = [Comparison(name, *both(environment)) for name, environment in others.items()]
+    reasons = []
+    if own.gain < margin:
+        reasons.append(f"success {own.adapter.success_rate:.2f} vs base {own.base.success_rate:.2f}: gain {own.gain:+.2f} < margin {margin:.2f}")
+    reasons += [f"{item.environment} got worse: {item.adapter.success_rate:.2f} < base interval {item.base.success_interval}" for item in interference if item.worse]
+    return {
+        "verdict": "rejected_by_eval" if reasons else "candidate",
+        "reasons": reasons,
+        "margin": margin,
+        "seeds": [seeds.start, seeds.stop],
+        "target": own.to_dict(),
+        "interference": [item.to_dict() for item in interference],
+    }

@@ -1,0 +1,59 @@
+"""What the model subprocesses the daemon starts (validation, training) have in common: reading
+their request, bounding their memory, dying with the daemon, and writing results atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+class RequestError(ValueError):
+    """The request file cannot be used; the message says what is wrong with it."""
+
+
+def read_request(path: Path, required: Sequence[str]) -> dict[str, Any]:
+    """The request object, with every key in ``required`` present."""
+    try:
+        request = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RequestError(f"cannot read request {path}: {error}") from None
+    if not isinstance(request, dict):
+        raise RequestError(f"request {path} is not a JSON object")
+    missing = [key for key in required if key not in request]
+    if missing:
+        raise RequestError(f"request {path} lacks {', '.join(missing)}")
+    return request
+
+
+def limit_memory(memory_mb: int | None) -> None:
+    """RLIMIT_AS, set before the model is loaded: an oversized one fails here instead of swapping
+    the host."""
+    if not memory_mb:
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = memory_mb * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+
+
+def exit_with_parent() -> None:
+    """A daemon killed without stopping this process must not leave a model run behind it."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def write_atomically(path: Path, data: dict[str, Any]) -> None:
+    staging = path.with_name(path.name + ".tmp")
+    staging.write_text(json.dumps(data, indent=2))
+    os.replace(staging, path)

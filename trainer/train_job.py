@@ -1,0 +1,122 @@
+"""One training run, start to verdict: warm start and GRPO on the capability's environment, held-out
+evaluation against the base, and the adapter saved with its manifest. Run by the daemon as a
+subprocess (bounded memory, killable, resumable from its checkpoints):
+
+    python -m trainer.train_job --request REQUEST.json --run-dir RUN_DIR
+
+Progress goes to ``RUN_DIR/progress.jsonl`` (one JSON record per step, flushed), the outcome to
+``RUN_DIR/result.json`` (written atomically): verdict ``candidate`` or ``rejected_by_eval`` with the
+evaluation report, and the adapter directory. The adapter is written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from trainer.adapters import base_model_hash, save_adapter
+from trainer.environment import Environment, load_tools
+from trainer.evaluation import compare
+from trainer.families import load_families
+from trainer.grpo import TrainConfig, train
+from trainer.model import ModelUnavailable
+from trainer.rollouts import Sampling
+from trainer.jobs import RequestError, exit_with_parent, limit_memory, read_request, write_atomically
+
+REQUIRED = ("run_id", "capability", "version", "family", "difficulty", "tools", "model", "training", "evaluation")
+
+
+def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train, evaluate and (when it earns it) save the adapter; returns the result record."""
+    from trainer import model as models
+
+    started = time.monotonic()
+    families = load_families()
+    if request["family"] not in families:
+        raise RequestError(f"unknown environment family {request['family']!r}; known: {', '.join(sorted(families))}")
+    tools = load_tools(request["tools"])
+    family = families[request["family"]]
+    environment = Environment(family, tools, request["difficulty"])
+    model_settings = request["model"]
+    model_dir = models.resolve(model_settings["name"], Path(model_settings["cache_dir"]))
+    config = TrainConfig.from_dict(request["training"])
+    model, tokenizer, report = train(environment, model_dir, run_dir, config, progress)
+
+    evaluation = request["evaluation"]
+    others = {}
+    for name, other in families.items():
+        if name != family.name and evaluation.get("interference", True):
+            try:
+                others[other.capability] = Environment(other, tools)
+            except ValueError:
+                continue  # this tool set cannot host that family
+    seeds = range(evaluation["seeds"])
+    sampling = Sampling(config.max_new_tokens, 0.0, max_length=config.max_length)
+    verdict = compare(model, model, tokenizer, environment, others, seeds, sampling, evaluation["margin"])
+    result: dict[str, Any] = {
+        "run_id": request["run_id"],
+        "capability": request["capability"],
+        "verdict": verdict["verdict"],
+        "evaluation": verdict,
+        "training": {key: value for key, value in report.items() if key != "steps"},
+        "steps": len(report["steps"]),
+        "seconds": round(time.monotonic() - started, 1),
+        "adapter": None,
+    }
+    if verdict["verdict"] == "candidate":
+        directory = run_dir / "adapter"
+        manifest = {
+            "capability": request["capability"],
+            "version": request["version"],
+            "environment": environment.spec(),
+            "base_model": model_settings["name"],
+            "base_model_hash": base_model_hash(model_dir),
+            "training": config.to_dict(),
+            "metrics": {"evaluation": verdict, "warm_start": report["warm_start"], "rollouts": report["rollouts"]},
+            "created_at": datetime.now(timezone.utc).isoformat(),
+        }
+        save_adapter(model, directory, manifest)
+        result["adapter"] = str(directory)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.train_job", description="Train, evaluate and save one adapter.")
+    parser.add_argument("--request", type=Path, required=True)
+    parser.add_argument("--run-dir", type=Path, required=True)
+    arguments = parser.parse_args(argv)
+    try:
+        request = read_request(arguments.request, REQUIRED)
+        limit_memory(request.get("memory_mb"))
+        exit_with_parent()
+        arguments.run_dir.mkdir(parents=True, exist_ok=True)
+        with (arguments.run_dir / "progress.jsonl").open("a") as log:
+
+            def progress(record: dict[str, Any]) -> None:
+                log.write(json.dumps(record) + "\n")
+                log.flush()
+
+            result = run_training(request, arguments.run_dir, progress)
+        write_atomically(arguments.run_dir / "result.json", result)
+    except MemoryError:
+        print("training failed: out of memory under the [training] memory_mb limit", file=sys.stderr)
+        return 1
+    except (RequestError, ModelUnavailable, ValueError, OSError) as error:
+        print(f"training failed: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:  # unexpected: keep the traceback for diagnosis, the reason last
+        traceback.print_exc()
+        print(f"training failed: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

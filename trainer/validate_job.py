@@ -1,0 +1,124 @@
+"""The validation gate against the real base model, run as a subprocess of the daemon so that its
+memory (RLIMIT_AS) and time are bounded and it can be killed:
+
+    python -m trainer.validate_job --request REQUEST.json --report REPORT.json
+
+The request carries the family name, difficulty, tool definitions, model settings (name,
+cache_dir, max_new_tokens, threads) and gate settings; the report is the gate's report plus the
+model, the elapsed seconds and the number of rollouts, written atomically. An error exits
+non-zero with a one-line reason as the last line of stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from trainer.environment import Family, Instance, Policy, Tool, load_tools
+from trainer.families import load_families
+from trainer.jobs import RequestError, exit_with_parent, limit_memory, write_atomically
+from trainer.jobs import read_request as read_request_keys
+from trainer.model import ModelUnavailable
+from trainer.validation import ValidationSettings, validate
+
+MODEL_KEYS = ("name", "cache_dir", "max_new_tokens", "threads")
+GATE_KEYS = ("seeds", "group_size", "mean_low", "mean_high", "min_std", "min_variance_groups", "hint_shares")
+
+
+def run_gate(
+    family: Family,
+    tools: Sequence[Tool],
+    model_settings: Mapping[str, Any],
+    gate_settings: Mapping[str, Any],
+    difficulty: int | None = None,
+) -> dict[str, Any]:
+    """Load the base model and run the validation gate with it (sampling at temperature 1.0)."""
+    import torch
+
+    from trainer import model as models
+
+    started = time.monotonic()
+    if model_settings["threads"]:
+        torch.set_num_threads(model_settings["threads"])
+    network, tokenizer = models.load(model_settings["name"], Path(model_settings["cache_dir"]))
+    policy = models.ModelPolicy(network, tokenizer, model_settings["max_new_tokens"], temperature=1.0)
+    rollouts = 0
+
+    def policy_for(instance: Instance, index: int) -> Policy:
+        nonlocal rollouts
+        rollouts += 1
+        return policy.for_rollout(instance, index)
+
+    settings = ValidationSettings(
+        **{key: gate_settings[key] for key in GATE_KEYS if key != "hint_shares"},
+        hint_shares=tuple(gate_settings["hint_shares"]),
+    )
+    report = validate(family, tools, policy_for, settings, difficulty)
+    return {
+        **report.to_dict(),
+        "model": model_settings["name"],
+        "seconds": round(time.monotonic() - started, 1),
+        "rollouts": rollouts,
+    }
+
+
+def read_request(path: Path) -> dict[str, Any]:
+    """The request, with every field the gate needs present."""
+    request = read_request_keys(path, ())
+    missing = [key for key in ("family", "difficulty", "tools", "model", "gate") if key not in request]
+    for section, keys in (("model", MODEL_KEYS), ("gate", (*GATE_KEYS, "memory_mb"))):
+        if isinstance(request.get(section), dict):
+            missing += [f"{section}.{key}" for key in keys if key not in request[section]]
+        elif section in request:
+            missing.append(f"{section} (an object)")
+    if missing:
+        raise RequestError(f"request {path} lacks {', '.join(missing)}")
+    return request
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.validate_job", description="Run the validation gate for one environment."
+    )
+    parser.add_argument("--request", type=Path, required=True, help="request JSON written by the daemon")
+    parser.add_argument("--report", type=Path, required=True, help="where the report JSON goes")
+    arguments = parser.parse_args(argv)
+    memory_mb = None
+    try:
+        request = read_request(arguments.request)
+        memory_mb = request["gate"]["memory_mb"]
+        limit_memory(memory_mb)
+        exit_with_parent()
+        families = load_families()
+        if request["family"] not in families:
+            known = ", ".join(sorted(families))
+            raise RequestError(f"unknown environment family {request['family']!r}; known: {known}")
+        report = run_gate(
+            families[request["family"]], load_tools(request["tools"]), request["model"], request["gate"],
+            request["difficulty"],
+        )  # fmt: skip
+        write_atomically(arguments.report, report)
+    except (RequestError, ModelUnavailable) as error:
+        reason = str(error)
+    except Exception as error:
+        # Under RLIMIT_AS an allocation raises MemoryError, and a shared library that does not fit
+        # "failed to map segment".
+        if isinstance(error, MemoryError) or "failed to map" in str(error):
+            reason = f"out of memory under the {memory_mb} MB limit ([validation] memory_mb): {error}"
+        elif isinstance(error, (ValueError, OSError)):
+            reason = str(error)
+        else:  # unexpected: the traceback for diagnosis, the reason last
+            traceback.print_exc()
+            reason = f"{type(error).__name__}: {error}"
+    else:
+        return 0
+    print(f"validation failed: {reason}", file=sys.stderr)
+    return 1
+
+if __name__ == "__main__":
+    sys.exit(main())
