@@ -152,8 +152,11 @@ def make_daemon(directory: Path, **overrides: dict[str, Any]) -> RunningDaemon:
         "api": {"port": free_port()},
         "assembler": {"interval_s": 0.2},
     }
-    if "validation" not in overrides:  # no model subprocesses unless a test asks for the gate
+    # No model subprocesses unless a test asks for the gate or for training.
+    if "validation" not in overrides:
         sections["validation"] = {"enabled": False}
+    if "training" not in overrides:
+        sections["training"] = {"enabled": False}
     for section, values in overrides.items():
         sections.setdefault(section, {}).update(values)
     return RunningDaemon(directory, sections)

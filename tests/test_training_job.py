@@ -1,0 +1,165 @@
+"""The daemon's train job, end to end with a real (tiny) model in real subprocesses: a gap planted in
+OTLP traffic becomes an environment, the gate rejects the weak base, training warm-starts, runs
+GRPO, evaluates on held-out seeds and leaves a verified candidate adapter, visible in the API, with
+no manual step. Then the verdicts that keep an adapter out, and a stopped run resuming.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytest.importorskip("trl")
+
+from daemon.registry import Registry  # noqa: E402
+from daemon.settings import ModelSettings, Settings, StoreSettings, TrainingSettings  # noqa: E402
+from daemon.store import AnalysisStore, Store  # noqa: E402
+from daemon.training_job import TrainingRunner  # noqa: E402
+from examples.traffic import generate, send  # noqa: E402
+from tests.conftest import REPO, make_daemon  # noqa: E402
+from trainer import model as models  # noqa: E402
+from trainer.adapters import base_model_hash, verify_adapter  # noqa: E402
+from trainer.environment import Environment, load_tools  # noqa: E402
+from trainer.families import load_families  # noqa: E402
+
+DEFINITIONS = json.loads((REPO / "tests" / "fixtures" / "tools" / "retail.json").read_text())
+FAMILY = load_families()["tool_call_precision"]
+TINY_TRAINING = {
+    "steps": 1, "group_size": 2, "groups_per_step": 1, "warm_start_examples": 2, "warm_start_epochs": 1,
+    "eval_seeds": 3, "eval_margin": 0.0, "eval_interference": False, "save_steps": 1,
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from transformers import AutoTokenizer
+
+    gguf = models.embedded_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    return models.tiny_random_model(tmp_path_factory.mktemp("tiny"), tokenizer)
+
+
+def test_a_planted_gap_ends_as_a_verified_candidate_adapter_with_no_manual_step(tmp_path: Path, tiny_model: Path) -> None:
+    daemon = make_daemon(
+        tmp_path,
+        analysis={"interval_s": 0.5},
+        model={"name": str(tiny_model), "max_new_tokens": 8, "threads": 1},
+        validation={"enabled": True, "seeds": 2, "group_size": 2},
+        training=TINY_TRAINING,
+    ).start()
+    try:
+        send(generate(300, seed=11, failure_rate=0.4, gaps="precondition_verification=0.7:0.05"),
+             daemon.http_url, "http/protobuf", "log")  # fmt: skip
+        deadline = time.monotonic() + 150
+        runs: list[dict] = []
+        while time.monotonic() < deadline:
+            runs = daemon.get("/api/training_runs")["items"]
+            if runs and runs[0]["status"] not in ("queued", "running"):
+                break
+            time.sleep(0.5)
+        environment = daemon.get("/api/environments")["items"][0]
+        adapters = daemon.get("/api/adapters")["items"]
+        capability = daemon.get("/api/capabilities/precondition_verification")
+        run = daemon.get(f"/api/training_runs/{runs[0]['run_id']}") if runs else {}
+    finally:
+        daemon.stop()
+    # The gate rejected the random base as too weak, so the run warm-started.
+    assert environment["status"] == "rejected" and all(a["verdict"] == "too_weak" for a in environment["validation"]["attempts"])
+    assert [item["status"] for item in runs] == ["candidate"], runs
+    assert run["config"]["warm_start_examples"] == 2 and run["result"]["training"]["warm_start"]["examples"] == 2
+    assert [record["step"] for record in run["progress"]] == [1]
+    assert {"mean_reward", "success_rate", "zero_variance_groups", "loss", "elapsed_s"} <= set(run["progress"][0])
+    target = run["result"]["evaluation"]["target"]
+    assert target["base"]["seeds"] == 3 and len(target["adapter"]["success_interval"]) == 2
+    # One adapter row, version 1, whose files verify against the base model they were trained on.
+    assert [(item["capability"], item["version"], item["state"]) for item in adapters] == [("precondition_verification", 1, "candidate")]
+    manifest = verify_adapter(Path(adapters[0]["path"]), base_model_hash(tiny_model))
+    assert manifest["capability"] == "precondition_verification" and manifest["environment"]["family"] == "precondition_verification"
+    assert capability["state"] == "candidate"
+    assert [t["to_state"] for t in capability["transitions"][:3]] == ["candidate", "training", "environment"]
+
+
+@pytest.fixture
+def runner_store(tmp_path: Path) -> Iterator[tuple[Store, AnalysisStore, Registry]]:
+    """A real DuckDB file with one checked environment and its capability in state `environment`."""
+    store = Store(StoreSettings(path=tmp_path / "tracefix.duckdb"))
+    analysis = AnalysisStore(store)
+    environment = Environment(FAMILY, load_tools(DEFINITIONS), FAMILY.levels[0])
+    analysis.add_environment(FAMILY.capability, environment.spec(), "shop", DEFINITIONS, None, "checked", {"passed": True})
+    analysis.transition(FAMILY.capability, "healthy", "environment", "environment 1 checked", 0, 0)
+    yield store, analysis, Registry(store)
+    store.close()
+
+
+def _runner(store: Store, analysis: AnalysisStore, registry: Registry, model: Path, **training: object) -> TrainingRunner:
+    settings = Settings(
+        store=StoreSettings(path=store.path),
+        model=ModelSettings(name=str(model), max_new_tokens=8, threads=1),
+        training=TrainingSettings(**{**TINY_TRAINING, **training}),
+    )
+    settings.validation.enabled = False
+    return TrainingRunner(analysis, registry, settings)
+
+
+def test_an_adapter_that_does_not_beat_the_base_by_the_margin_is_rejected_by_eval(
+    runner_store: tuple[Store, AnalysisStore, Registry], tiny_model: Path
+) -> None:
+    store, analysis, registry = runner_store
+    runner = _runner(store, analysis, registry, tiny_model, eval_margin=1.0)
+    run_id = runner.run_pass()
+    run = registry.run(run_id)
+    assert run["status"] == "rejected_by_eval" and run["finished_at"] is not None
+    assert "gain +0.00 < margin 1.00" in run["result"]["evaluation"]["reasons"][0]
+    assert registry.adapters() == [] and not (Path(run["directory"]) / "adapter").exists()
+    assert analysis.states()[FAMILY.capability]["state"] == "cooldown"
+
+
+def test_a_crashed_run_is_failed_with_its_error_and_leaves_no_adapter(
+    runner_store: tuple[Store, AnalysisStore, Registry], tmp_path: Path
+) -> None:
+    store, analysis, registry = runner_store
+    runner = _runner(store, analysis, registry, tmp_path / "missing-model")
+    run = registry.run(runner.run_pass())
+    assert run["status"] == "failed" and "config.json" in run["error"]
+    assert registry.adapters() == []
+    assert analysis.states()[FAMILY.capability]["state"] == "environment"
+    assert runner.run_pass() is None  # the environment has had its run
+
+
+def _training_processes() -> list[psutil.Process]:
+    return [child for child in psutil.Process().children() if "trainer.train_job" in " ".join(child.cmdline())]
+
+
+def test_a_run_stopped_with_the_daemon_is_requeued_and_resumes_from_its_checkpoint(
+    runner_store: tuple[Store, AnalysisStore, Registry], tiny_model: Path
+) -> None:
+    import threading
+
+    store, analysis, registry = runner_store
+    runner = _runner(store, analysis, registry, tiny_model, steps=3, warm_start_examples=0)
+    worker = threading.Thread(target=runner.run_pass)
+    worker.start()
+    deadline = time.monotonic() + 120
+    checkpoint = None
+    while time.monotonic() < deadline and checkpoint is None:
+        runs = registry.runs()
+        if runs and (Path(runs[0]["directory"]) / "checkpoints" / "checkpoint-1" / "trainer_state.json").exists():
+            checkpoint = runs[0]
+        time.sleep(0.2)
+    runner.stop()
+    worker.join(timeout=30)
+    assert checkpoint is not None and not _training_processes()
+    assert registry.run(checkpoint["run_id"])["status"] == "queued"
+    # A new daemon picks the queued run up again; it resumes instead of starting over.
+    again = _runner(store, analysis, registry, tiny_model, steps=3, warm_start_examples=0)
+    assert again.run_pass() == checkpoint["run_id"]
+    finished = registry.run(checkpoint["run_id"])
+    assert finished["status"] == "candidate", finished["error"]
+    assert finished["result"]["training"]["resumed_from"].startswith("checkpoint-")
+    steps = [json.loads(line)["step"] for line in (Path(finished["directory"]) / "progress.jsonl").read_text().splitlines()]
+    assert steps[-1] == 3 and sorted(set(steps)) == [1, 2, 3]
