@@ -447,6 +447,74 @@ def envs_validate(
         sys.exit(1)
 
 
+@main.command()
+@click.argument("capability")
+@click.option("--steps", default=None, type=click.IntRange(0, 100_000), help="GRPO steps (default: [training] steps; 0 = warm start only).")
+@click.option("--warm-start", "warm_start", default=None, type=click.IntRange(0, 100_000), help="Demonstrations for the warm start (default: [training]).")
+@click.option("--eval-seeds", default=None, type=click.IntRange(1, 100_000), help="Held-out seeds (default: [training] eval_seeds).")
+@click.option("--model", "model_name", default=None, help="Base model (default: [model] name).")
+@click.option("--output", type=click.Path(file_okay=False, path_type=Path), default=None, help="Run directory (default: <store dir>/runs/cli-CAPABILITY).")
+@tools_option
+@service_option
+@difficulty_option
+@config_option
+@json_option
+def train(
+    capability: str, steps: int | None, warm_start: int | None, eval_seeds: int | None, model_name: str | None,
+    output: Path | None, tools_file: Path | None, service: str | None, difficulty: int, config_path: Path | None,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Train, evaluate and save one adapter in the foreground (the daemon does the same on its own for
+    every gap it detects). Re-running with the same --output resumes from its checkpoints."""
+    from daemon.training_job import job_settings, train_config
+    from trainer.model import ModelUnavailable
+    from trainer.train_job import run_training
+
+    settings = _settings(config_path)
+    environment = _environment(capability, _tools(config_path, tools_file, service), difficulty)
+    request = {
+        "run_id": None, "capability": capability, "version": 1, "family": environment.family.name,
+        "difficulty": environment.difficulty, "tools": [tool.to_openai() for tool in environment.tools],
+        "training": train_config(settings), **job_settings(settings),
+    }  # fmt: skip
+    if steps is not None:
+        request["training"]["steps"] = steps
+    if warm_start is not None:
+        request["training"]["warm_start_examples"] = warm_start
+    if eval_seeds is not None:
+        request["evaluation"]["seeds"] = eval_seeds
+    if model_name:
+        request["model"]["name"] = model_name
+    run_dir = output or settings.store.path.parent / "runs" / f"cli-{capability}"
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+                  TimeElapsedColumn(), TextColumn("{task.fields[status]}"), disable=as_json) as bar:  # fmt: skip
+        task = bar.add_task(f"training {capability}", total=max(request["training"]["steps"], 1), status="warm start / loading")
+
+        def progress(record: dict[str, Any]) -> None:
+            status = (f"reward {record['mean_reward']:.2f}  success {record['success_rate']:.0%}  "
+                      f"zero-variance groups {record['zero_variance_groups']}/{record['groups']}  loss {record['loss']:.4f}")  # fmt: skip
+            bar.update(task, completed=record["step"], status=status)
+
+        try:
+            result = run_training(request, run_dir, progress)
+        except (ModelUnavailable, ValueError, FileExistsError) as error:
+            raise click.ClickException(str(error)) from None
+    if as_json:
+        _print_json(result)
+        return
+    target = result["evaluation"]["target"]
+    click.echo(
+        f"{result['verdict']}: success {target['adapter']['success_rate']:.2f} {target['adapter']['success_interval']} "
+        f"vs base {target['base']['success_rate']:.2f} {target['base']['success_interval']} on "
+        f"{target['base']['seeds']} held-out seeds"
+    )
+    for reason in result["evaluation"]["reasons"]:
+        click.echo(f"  {reason}")
+    click.echo(f"adapter: {result['adapter']}" if result["adapter"] else "no adapter saved")
+
+
 @main.command(name="import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @config_option

@@ -71,32 +71,24 @@ class TrainingRunner:
 
     def _config(self, environment: dict[str, Any]) -> dict[str, Any]:
         """The run's TrainConfig: [training] plus what validation found (hint share, warm start)."""
-        training = self.settings.training
-        config = {key: value for key, value in training.model_dump(mode="json").items() if key not in _JOB_ONLY}
-        config["max_new_tokens"] = self.settings.model.max_new_tokens
-        config["threads"] = self.settings.model.threads
-        validation = environment.get("validation") or {}
+        config = train_config(self.settings)
         if environment["status"] == "validated":
-            config["hint_share"] = validation.get("hint_share", 0.0)
+            config["hint_share"] = (environment.get("validation") or {}).get("hint_share", 0.0)
             config["warm_start_examples"] = 0  # the base earns reward by itself
         return config
 
     def _request(self, run: dict[str, Any], environment: dict[str, Any]) -> dict[str, Any]:
-        model = self.settings.model
-        training = self.settings.training
-        cache_dir = model.cache_dir or Path(self.settings.store.path).parent / "models"
         validation = environment.get("validation") or {}
+        validated = environment["status"] == "validated"
         return {
             "run_id": run["run_id"],
             "capability": run["capability"],
             "version": run["version"],
             "family": environment["family"],
-            "difficulty": validation.get("difficulty", environment["difficulty"]) if environment["status"] == "validated" else environment["difficulty"],
+            "difficulty": validation.get("difficulty", environment["difficulty"]) if validated else environment["difficulty"],
             "tools": environment["tools"],
-            "model": {**model.model_dump(mode="json"), "cache_dir": str(cache_dir)},
             "training": run["config"],
-            "evaluation": {"seeds": training.eval_seeds, "margin": training.eval_margin, "interference": training.eval_interference},
-            "memory_mb": training.memory_mb,
+            **job_settings(self.settings),
         }
 
     def _execute(self, run: dict[str, Any]) -> int | None:
@@ -152,6 +144,25 @@ class TrainingRunner:
             return
         until = datetime.now(timezone.utc) + timedelta(hours=self.settings.trigger.cooldown_hours) if cooldown else None
         self.store.transition(capability, state["state"], to_state, reason, state["consecutive"], state["last_pass_id"], None, until)
+
+
+def train_config(settings: Settings) -> dict[str, Any]:
+    """TrainConfig fields from [training] and [model]."""
+    config = {key: value for key, value in settings.training.model_dump(mode="json").items() if key not in _JOB_ONLY}
+    config["max_new_tokens"] = settings.model.max_new_tokens
+    config["threads"] = settings.model.threads
+    return config
+
+
+def job_settings(settings: Settings) -> dict[str, Any]:
+    """The model, evaluation and memory parts of a training request."""
+    model, training = settings.model, settings.training
+    cache_dir = model.cache_dir or Path(settings.store.path).parent / "models"
+    return {
+        "model": {**model.model_dump(mode="json"), "cache_dir": str(cache_dir)},
+        "evaluation": {"seeds": training.eval_seeds, "margin": training.eval_margin, "interference": training.eval_interference},
+        "memory_mb": training.memory_mb,
+    }
 
 
 def _gain(evaluation: dict[str, Any]) -> str:

@@ -163,3 +163,27 @@ def test_a_run_stopped_with_the_daemon_is_requeued_and_resumes_from_its_checkpoi
     assert finished["result"]["training"]["resumed_from"].startswith("checkpoint-")
     steps = [json.loads(line)["step"] for line in (Path(finished["directory"]) / "progress.jsonl").read_text().splitlines()]
     assert steps[-1] == 3 and sorted(set(steps)) == [1, 2, 3]
+
+
+def test_tracefix_train_runs_one_in_the_foreground_on_a_tools_file(tmp_path: Path, tiny_model: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    environ = {
+        **os.environ, "TRACEFIX_STORE_PATH": str(tmp_path / "tracefix.duckdb"), "TRACEFIX_TRAINING_GROUP_SIZE": "2",
+        "TRACEFIX_TRAINING_GROUPS_PER_STEP": "1", "TRACEFIX_TRAINING_EVAL_INTERFERENCE": "false",
+        "TRACEFIX_TRAINING_EVAL_MARGIN": "0", "TRACEFIX_MODEL_MAX_NEW_TOKENS": "8",
+    }  # fmt: skip
+    command = [
+        sys.executable, "-m", "daemon.cli", "train", "tool_call_precision", "--tools", str(REPO / "tests" / "fixtures" / "tools" / "retail.json"),
+        "--model", str(tiny_model), "--steps", "1", "--warm-start", "1", "--eval-seeds", "2", "--output", str(tmp_path / "run"), "--json",
+    ]  # fmt: skip
+    shown = subprocess.run(command, cwd=REPO, env=environ, capture_output=True, text=True, timeout=300)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    result = json.loads(shown.stdout)
+    assert result["verdict"] == "candidate" and result["evaluation"]["target"]["base"]["seeds"] == 2
+    verify_adapter(Path(result["adapter"]), base_model_hash(tiny_model))
+    # The same run directory again: the adapter version exists and is never overwritten.
+    again = subprocess.run(command, cwd=REPO, env=environ, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 1 and "exists" in again.stderr

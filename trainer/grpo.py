@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
+from transformers import PrinterCallback, TrainerCallback
 
 from trainer.environment import Environment
 from trainer.rollouts import Sampling, TokenRollout, demonstration, generate_rollouts
@@ -202,6 +202,7 @@ def warm_start(model: Any, tokenizer: Any, environment: Environment, config: Tra
         gradient_checkpointing=False,
     )
     trainer = SFTTrainer(model=model, args=arguments, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    trainer.remove_callback(PrinterCallback)  # progress is reported by the caller, not printed
     result = trainer.train()
     return {"examples": len(rows), "epochs": config.warm_start_epochs, "loss": round(result.training_loss, 4)}
 
@@ -313,6 +314,7 @@ def build_trainer(
         rollout_func=rollouts,
         callbacks=[callback],
     )
+    trainer.remove_callback(PrinterCallback)
     return trainer, callback, report
 
 
