@@ -87,7 +87,12 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
     }
     if arguments.baseline:
         mixed = Environment(Mixed([families[name] for name in sorted(families)]), tools)
-        plain = TrainConfig(**{**config.to_dict(), "warm_start_examples": 0, "hint_share": 0.0})
+        # The same budget of episodes: the adapter's rollouts plus its demonstrations.
+        episodes = report["rollouts"] + config.warm_start_examples
+        per_step = config.groups_per_step * config.group_size
+        plain = TrainConfig.from_dict(
+            {**config.to_dict(), "warm_start_examples": 0, "hint_share": 0.0, "steps": max(1, -(-episodes // per_step))}
+        )
         baseline_model, tokenizer, baseline_report = train(mixed, model_dir, output / "baseline", plain)
         result["baseline"] = {
             "rollouts": baseline_report["rollouts"],

@@ -1,5 +1,5 @@
 """The simulated backend the families share: stable seeds, schema checks of the agent's arguments,
-how a backend compares values, and the error objects it answers with."""
+how a backend compares values and looks up ids, and the error objects it answers with."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from jsonschema.exceptions import best_match
 from jsonschema.validators import validator_for
 
 from trainer.environment import Tool
+from trainer.world import id_parameters
 
 
 def derive_seed(*parts: Any) -> int:
@@ -110,6 +111,15 @@ def same_as_backend(left: Any, right: Any) -> bool:
 def matches(arguments: dict[str, Any], expected: dict[str, Any]) -> bool:
     """Whether `arguments` hold every expected value (extra arguments are allowed)."""
     return all(key in arguments and same_as_backend(arguments[key], value) for key, value in expected.items())
+
+
+def unknown_id(tool: Tool, arguments: dict[str, Any], known: dict[str, Any]) -> tuple[str, Any] | None:
+    """The first id argument (parameter, value) that names no entity the backend holds (`known`: the
+    value each id parameter may take), or None."""
+    for param in id_parameters(tool):
+        if param in arguments and not (param in known and same_as_backend(arguments[param], known[param])):
+            return param, arguments[param]
+    return None
 
 
 # -- what the backend answers -------------------------------------------------------------------------

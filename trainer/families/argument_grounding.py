@@ -20,30 +20,9 @@ from typing import Any
 
 import orjson
 
-from trainer.environment import (
-    Family,
-    Instance,
-    Message,
-    StepResult,
-    Tool,
-    ToolCall,
-    assistant_call,
-    assistant_text,
-    parse_assistant,
-    render_system_prompt,
-    tool_message,
-)
-from trainer.families.tool_call_precision import (
-    OPENERS,
-    SYSTEM_INSTRUCTIONS,
-    action_phrase,
-    phrase,
-    plural,
-    simulated_result,
-    spoken,
-    state_values,
-    tool_entity,
-)
+from trainer.environment import Family, Message, Tool, ToolCall, assistant_call, assistant_text, tool_message
+from trainer.families._shared import ToolUseInstance, phrase, plural, shown, spoken
+from trainer.families.tool_call_precision import OPENERS, SYSTEM_INSTRUCTIONS, action_phrase, simulated_result, state_values, tool_entity
 from trainer.simulation import derive_seed, same, schema_error
 from trainer.world import Values, entity_of, id_parameters, is_read, properties, required
 
@@ -85,12 +64,12 @@ def chains(tools: Sequence[Tool]) -> list[Chain]:
     return found
 
 
-class ArgumentGroundingInstance(Instance):
+class ArgumentGroundingInstance(ToolUseInstance):
+    instructions = SYSTEM_INSTRUCTIONS
     max_turns = 6
 
     def __init__(self, tools: Sequence[Tool], seed: int, difficulty: int) -> None:
         super().__init__(tools, seed, difficulty)
-        self.by_name = {tool.name: tool for tool in self.tools}
         self.values = values = Values(derive_seed("argument_grounding", seed, difficulty))
         rng = values.random
         options = chains(self.tools)
@@ -179,8 +158,6 @@ class ArgumentGroundingInstance(Instance):
 
         self.calls: list[tuple[str, Any]] = []
         self.seen = self.user_text  # everything the agent has been shown, to flag invented ids
-        self.turns = 0
-        self.done = False
 
     # -- the opening -------------------------------------------------------------------------------
 
@@ -225,12 +202,6 @@ class ArgumentGroundingInstance(Instance):
             parts.append(f"I don't have the {phrase(self.parameter)} at hand; please look it up.")
         return " ".join(part for part in parts if part)
 
-    def reset(self) -> list[Message]:
-        return [
-            {"role": "system", "content": render_system_prompt(SYSTEM_INSTRUCTIONS, self.tools)},
-            {"role": "user", "content": self.user_text},
-        ]
-
     # -- the world ---------------------------------------------------------------------------------
 
     def _first_right(self, arguments: Any) -> bool:
@@ -248,18 +219,9 @@ class ArgumentGroundingInstance(Instance):
         )
 
     def _not_found(self, entity: str, value: Any) -> dict[str, str]:
-        shown = value if isinstance(value, str) else orjson.dumps(value).decode()
-        return {"error": f"{phrase(entity)} {shown} not found"}
+        return {"error": f"{phrase(entity)} {shown(value)} not found"}
 
-    def _execute(self, call: ToolCall, index: int) -> Any:
-        tool = self.by_name.get(call.name)
-        if tool is None:
-            self.events.append(f"unknown_tool: {call.name}")
-            return {"error": f"unknown tool {call.name}"}
-        problem = schema_error(tool, call.arguments)
-        if problem is not None:
-            self.events.append(f"schema_violation: {call.name}: {problem}")
-            return {"error": f"invalid arguments for {call.name}: {problem}"}
+    def _execute(self, call: ToolCall, tool: Tool, index: int) -> Any:
         arguments: dict[str, Any] = call.arguments
         if tool.name == self.first.name:
             if self._first_right(arguments):
@@ -292,25 +254,15 @@ class ArgumentGroundingInstance(Instance):
     def _result_values(self, index: int) -> Values:
         return Values(derive_seed("argument_grounding.result", self.seed, self.difficulty, self.turns, index))
 
-    def step(self, assistant: Message) -> StepResult:
-        if self.done:
-            return StepResult([], True)
-        self.turns += 1
-        parsed = parse_assistant(assistant)
-        for error in parsed.errors:
-            self.events.append(f"parse_error: {error}")
-        if not parsed.calls:
-            self.done = True
-            return StepResult([], True)
+    def _answer(self, calls: list[ToolCall]) -> list[Message]:
+        """The results in order, each recorded for scoring and as shown to the agent."""
         messages = []
-        for index, call in enumerate(parsed.calls):
-            result = self._execute(call, index)
+        for index, call in enumerate(calls):
+            message = tool_message(call, self._tool_result(call, index))
             self.calls.append((call.name, call.arguments))
-            message = tool_message(call, result)
             self.seen += "\n" + message["content"]
             messages.append(message)
-        self.done = self.turns >= self.max_turns
-        return StepResult(messages, self.done)
+        return messages
 
     # -- scoring -----------------------------------------------------------------------------------
 

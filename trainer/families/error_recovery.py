@@ -45,7 +45,8 @@ from trainer.environment import (
     assistant_text,
     tool_message,
 )
-from trainer.simulation import SETTLED_STATUSES, derive_seed, error_result, same_as_backend, schema_error
+from trainer.families._shared import PAST, shown
+from trainer.simulation import SETTLED_STATUSES, derive_seed, error_result, same_as_backend, schema_error, unknown_id
 from trainer.world import Values, entity_of, id_parameters, is_write, properties, required
 
 # -- local helpers (wording) -------------------------------------------------------------------------
@@ -54,17 +55,8 @@ MONTHS = (
     "January", "February", "March", "April", "May", "June",
     "July", "August", "September", "October", "November", "December",
 )  # fmt: skip
-PAST = {
-    "cancel": "cancelled", "update": "updated", "modify": "modified", "book": "booked", "create": "created",
-    "delete": "deleted", "send": "sent", "transfer": "transferred", "issue": "issued", "add": "added",
-    "remove": "removed",
-}  # fmt: skip
 KINDS = ("not_found", "date_format", "enum_value", "transient")
 _ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
-
-
-def _spoken(value: Any) -> str:
-    return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
 def _canonical(name: str, arguments: Any) -> bytes:
@@ -208,7 +200,7 @@ class ErrorRecoveryInstance(DialogueInstance):
         self.tool = plan.tool
         rng = self.random
         self.known_ids = {param: value for param, value in plan.expected.items() if param in id_parameters(plan.tool)}
-        details = "; ".join(f"{key}: {_spoken(value)}" for key, value in plan.naive.items())
+        details = "; ".join(f"{key}: {shown(value)}" for key, value in plan.naive.items())
         words = _request_words(self.tool)
         opener = rng.choice([
             "Hi, I need you to {words} for me.", "Hello! Please {words} for me.", "Could you please {words} for me?",
@@ -287,16 +279,10 @@ class ErrorRecoveryInstance(DialogueInstance):
         problem = schema_error(tool, arguments)
         if problem is not None:
             return self._fail(call, error_result(f"invalid arguments for {call.name}: {problem}", "invalid_arguments"), f"schema violation in {call.name}")
-        unknown = self._unknown_id(tool, arguments)
+        unknown = unknown_id(tool, arguments, self.known_ids)
         if unknown is not None:
-            return self._fail(call, error_result(f"{unknown[0]} {_spoken(unknown[1])} not found", "not_found"))
+            return self._fail(call, error_result(f"{unknown[0]} {shown(unknown[1])} not found", "not_found"))
         return tool_message(call, self._other_result(tool, arguments))
-
-    def _unknown_id(self, tool: Tool, arguments: dict[str, Any]) -> tuple[str, Any] | None:
-        for param in id_parameters(tool):
-            if param in arguments and not (param in self.known_ids and same_as_backend(arguments[param], self.known_ids[param])):
-                return param, arguments[param]
-        return None
 
     def _answer_task(self, call: ToolCall, arguments: dict[str, Any]) -> Message:
         plan = self.plan
@@ -311,9 +297,9 @@ class ErrorRecoveryInstance(DialogueInstance):
         problem = schema_error(self.tool, arguments)
         if problem is not None:
             return self._fail(call, error_result(f"invalid arguments for {call.name}: {problem}", "invalid_arguments"), f"schema violation in {call.name}")
-        unknown = self._unknown_id(self.tool, arguments)
+        unknown = unknown_id(self.tool, arguments, self.known_ids)
         if unknown is not None:
-            return self._fail(call, error_result(f"{unknown[0]} {_spoken(unknown[1])} not found", "not_found"))
+            return self._fail(call, error_result(f"{unknown[0]} {shown(unknown[1])} not found", "not_found"))
         if self.transients_left > 0:
             self.transients_left -= 1
             self.designed_error_seen = True
@@ -335,13 +321,13 @@ class ErrorRecoveryInstance(DialogueInstance):
                 return None
             if isinstance(value, str) and same_as_backend(value, plan.naive[param]):
                 return error_result(f"{param} {value} not found; did you mean {plan.expected[param]}?", "not_found")
-            return error_result(f"{param} {_spoken(value)} not found", "not_found")
+            return error_result(f"{param} {shown(value)} not found", "not_found")
         if plan.kind == "date_format" and not _iso_date_ok(value):
-            return error_result(f"{param} must be YYYY-MM-DD; got '{_spoken(value)}'", "invalid_argument", field=param)
+            return error_result(f"{param} must be YYYY-MM-DD; got '{shown(value)}'", "invalid_argument", field=param)
         if plan.kind == "enum_value":
             allowed = properties(self.tool)[param]["enum"]
             if value not in allowed:
-                return error_result(f"{param} must be one of {', '.join(allowed)}; got '{_spoken(value)}'", "invalid_argument", field=param)
+                return error_result(f"{param} must be one of {', '.join(allowed)}; got '{shown(value)}'", "invalid_argument", field=param)
         return None
 
     def _other_result(self, tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:

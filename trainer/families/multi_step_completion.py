@@ -10,8 +10,8 @@ chain, else a read. The agent must walk the whole chain in order and end with a 
 that reports the outcome: the confirmation code the final write returns (or the reference code the
 final read returns).
 
-The helpers at the top (tool nouns, how values are spoken, malformed-turn events) are shared with
-the sibling family ``structured_data_reasoning``; seeds, schema checks and equality come from ``simulation``.
+The helpers at the top (tool nouns) are shared with the sibling family ``structured_data_reasoning``;
+wording and the episode loop come from ``_shared``; seeds, schema checks and equality from ``simulation``.
 """
 
 from __future__ import annotations
@@ -23,22 +23,9 @@ from typing import Any
 
 import orjson
 
-from trainer.environment import (
-    Family,
-    Instance,
-    Message,
-    ParsedTurn,
-    StepResult,
-    Tool,
-    ToolCall,
-    assistant_call,
-    assistant_text,
-    parse_assistant,
-    render_system_prompt,
-    tool_message,
-    tools_hash,
-)
-from trainer.simulation import derive_seed, same, schema_error, to_the_cent
+from trainer.environment import Family, Message, Tool, ToolCall, assistant_call, assistant_text, tool_message, tools_hash
+from trainer.families._shared import PAST, AnsweringInstance, and_join, phrase, spoken
+from trainer.simulation import derive_seed, same, to_the_cent
 from trainer.world import Values, entity_of, is_read, is_write, key_parameters, properties, required
 
 # -- shared helpers ----------------------------------------------------------------------------------
@@ -64,36 +51,13 @@ def tool_verb(tool: Tool) -> str:
     return words[0] if len(words) > 1 else "run"
 
 
-_PAST = {
-    "update": "updated", "cancel": "cancelled", "book": "booked", "create": "created", "delete": "deleted",
-    "send": "sent", "transfer": "transferred", "modify": "modified", "issue": "issued", "add": "added",
-    "remove": "removed", "set": "set", "submit": "submitted", "approve": "approved", "reset": "reset",
-}
+_PAST = {**PAST, "set": "set", "submit": "submitted", "approve": "approved", "reset": "reset"}
 
 
 def past_tense(verb: str) -> str:
     if verb in _PAST:
         return _PAST[verb]
     return verb + "d" if verb.endswith("e") else verb + "ed"
-
-
-def phrase(name: str) -> str:
-    """How a person names a parameter: ``reservation_id`` → ``reservation id``."""
-    return name.replace("_", " ").replace("-", " ").strip() or name
-
-
-def spoken(value: Any) -> str:
-    """A value as the user writes it; strings with spaces or punctuation are quoted."""
-    if isinstance(value, str):
-        return f'"{value}"' if (not value or any(ch in value for ch in " ,;:\"'")) else value
-    return orjson.dumps(value).decode()
-
-
-def and_join(items: Sequence[str]) -> str:
-    items = list(items)
-    if len(items) <= 1:
-        return "".join(items)
-    return ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def call_signature(call: ToolCall) -> str:
@@ -103,22 +67,6 @@ def call_signature(call: ToolCall) -> str:
     except (TypeError, orjson.JSONEncodeError):
         arguments = repr(call.arguments)
     return f"{call.name}\x1f{arguments}"
-
-
-def safe_parse(assistant: Any, events: list[str]) -> ParsedTurn:
-    """``parse_assistant``, recording a message that is not an object and every parse error as events."""
-    if not isinstance(assistant, dict):
-        events.append(f"malformed_message: {type(assistant).__name__}")
-    parsed = parse_assistant(assistant)
-    for error in parsed.errors:
-        events.append(f"parse_error: {error}")
-    return parsed
-
-
-FORMAT_REMINDER = (
-    "Your tool call could not be read. Call a tool as "
-    '<tool_call>{"name": "<tool name>", "arguments": {...}}</tool_call>, or answer in plain text.'
-)
 
 
 def mentions(text: str, token: str) -> bool:
@@ -238,10 +186,12 @@ class ChainStep:
     result: dict[str, Any]
 
 
-class MultiStepCompletionInstance(Instance):
+class MultiStepCompletionInstance(AnsweringInstance):
+    instructions = SYSTEM_INSTRUCTIONS
+    formats = False  # types and shape only, as ever
+
     def __init__(self, tools: Sequence[Tool], seed: int, difficulty: int) -> None:
         super().__init__(tools, seed, difficulty)
-        self.by_name = {tool.name: tool for tool in self.tools}
         self.values = Values(derive_seed("multi_step_completion", seed, difficulty))
         rng = self.values.random
         names = pick_chain(self.tools, 3 if difficulty >= 2 else 2, rng)
@@ -280,9 +230,6 @@ class MultiStepCompletionInstance(Instance):
         self.signatures: list[str] = []
         self.looped = False
         self.wrong_write = False
-        self.final_text: str | None = None
-        self.turns = 0
-        self.done = False
         self.max_turns = len(self.steps) + 4
 
     # world building
@@ -361,12 +308,6 @@ class MultiStepCompletionInstance(Instance):
 
     # protocol
 
-    def reset(self) -> list[Message]:
-        return [
-            {"role": "system", "content": render_system_prompt(SYSTEM_INSTRUCTIONS, self.tools)},
-            {"role": "user", "content": self.user_text},
-        ]
-
     def _matches(self, step: ChainStep, call: ToolCall) -> bool:
         if call.name != step.link.tool.name or not isinstance(call.arguments, dict):
             return False
@@ -394,19 +335,15 @@ class MultiStepCompletionInstance(Instance):
         noun = tool_noun(tool).replace(" ", "_")
         return {"results": [values.record(noun, values.identifier(f"{noun}_id"), extra=2)]}
 
-    def _execute(self, call: ToolCall, index: int) -> Any:
+    def _tool_result(self, call: ToolCall, index: int) -> Any:
+        """The backend's answer, after noting a third identical call in a row (a loop)."""
         self.signatures.append(call_signature(call))
         if len(self.signatures) >= 3 and len(set(self.signatures[-3:])) == 1:
             self.looped = True
             self.events.append(f"loop: {call.name} called 3 times in a row with the same arguments")
-        tool = self.by_name.get(call.name)
-        if tool is None:
-            self.events.append(f"unknown_tool: {call.name}")
-            return {"error": f"unknown tool {call.name}"}
-        problem = schema_error(tool, call.arguments, formats=False)  # types and shape only, as ever
-        if problem is not None:
-            self.events.append(f"schema_violation: {call.name}: {problem}")
-            return {"error": f"invalid arguments for {call.name}: {problem}"}
+        return super()._tool_result(call, index)
+
+    def _execute(self, call: ToolCall, tool: Tool, index: int) -> Any:
         if self.progress < len(self.steps) and self._matches(self.steps[self.progress], call):
             self.progress += 1
             return self.steps[self.progress - 1].result
@@ -416,29 +353,15 @@ class MultiStepCompletionInstance(Instance):
                 return step.result
         return self._off_chain(tool, call.arguments, index)
 
-    def step(self, assistant: Message) -> StepResult:
-        if self.done:
-            self.events.append("step_after_end")
-            return StepResult([], True)
-        self.turns += 1
-        parsed = safe_parse(assistant, self.events)
-        if parsed.calls:
-            messages = []
-            for index, call in enumerate(parsed.calls):
-                messages.append(tool_message(call, self._execute(call, index)))
-                if self.looped or self.wrong_write:
-                    break
-            self.done = self.looped or self.wrong_write or self.turns >= self.max_turns
-            return StepResult(messages, self.done)
-        if parsed.errors:
-            self.done = self.turns >= self.max_turns
-            return StepResult([{"role": "user", "content": FORMAT_REMINDER}], self.done)
-        text = parsed.text.strip()
-        if not text:
-            self.events.append("empty_answer")
-        self.final_text = text
-        self.done = True
-        return StepResult([], True)
+    def _answer(self, calls: list[ToolCall]) -> list[Message]:
+        """The results in order, up to a loop or a wrong write: either ends the episode."""
+        messages = []
+        for index, call in enumerate(calls):
+            messages.append(tool_message(call, self._tool_result(call, index)))
+            if self.looped or self.wrong_write:
+                self.done = True
+                break
+        return messages
 
     def reward(self) -> float:
         rewards = MultiStepCompletionFamily.rewards

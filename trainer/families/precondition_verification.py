@@ -41,24 +41,14 @@ from trainer.environment import (
     assistant_text,
     tool_message,
 )
-from trainer.simulation import SETTLED_STATUSES, derive_seed, error_result, matches, same_as_backend, schema_error
+from trainer.families._shared import PAST, shown
+from trainer.simulation import SETTLED_STATUSES, derive_seed, error_result, matches, schema_error, unknown_id
 from trainer.world import Values, entity_of, id_parameters, is_read, is_write, properties, required
 
 # -- local helpers (wording) -------------------------------------------------------------------------
 
-PAST = {
-    "cancel": "cancelled", "update": "updated", "modify": "modified", "book": "booked", "create": "created",
-    "delete": "deleted", "send": "sent", "transfer": "transferred", "issue": "issued", "add": "added",
-    "remove": "removed",
-}  # fmt: skip
-
-
-def _spoken(value: Any) -> str:
-    return value if isinstance(value, str) else orjson.dumps(value).decode()
-
-
 def _details(arguments: dict[str, Any], skip: str) -> str:
-    return ", ".join(f"{key}: {_spoken(value)}" for key, value in arguments.items() if key != skip)
+    return ", ".join(f"{key}: {shown(value)}" for key, value in arguments.items() if key != skip)
 
 
 # -- what the simulated user and the reward look for -----------------------------------------------
@@ -276,18 +266,10 @@ class PreconditionVerificationInstance(DialogueInstance):
             return tool_message(call, self._write(tool, call.arguments))
         return tool_message(call, self._read(tool, call.arguments))
 
-    def _unknown_id(self, arguments: dict[str, Any], tool: Tool) -> tuple[str, Any] | None:
-        for param in id_parameters(tool):
-            if param in arguments:
-                known = param in self.known_ids and same_as_backend(arguments[param], self.known_ids[param])
-                if not known:
-                    return param, arguments[param]
-        return None
-
     def _read(self, tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
-        unknown = self._unknown_id(arguments, tool)
+        unknown = unknown_id(tool, arguments, self.known_ids)
         if unknown is not None:
-            return error_result(f"{entity_of(unknown[0]).replace('_', ' ')} {_spoken(unknown[1])} not found", "not_found")
+            return error_result(f"{entity_of(unknown[0]).replace('_', ' ')} {shown(unknown[1])} not found", "not_found")
         if self.id_param in arguments:
             self.read_done = True
             record = dict(self.record)
@@ -307,11 +289,11 @@ class PreconditionVerificationInstance(DialogueInstance):
         return {"results": results}
 
     def _write(self, tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
-        unknown = self._unknown_id(arguments, tool)
+        unknown = unknown_id(tool, arguments, self.known_ids)
         if unknown is not None:
             self.wrong_entity = True
-            self.events.append(f"write {tool.name} aimed at another entity: {unknown[0]}={_spoken(unknown[1])}")
-            return error_result(f"{entity_of(unknown[0]).replace('_', ' ')} {_spoken(unknown[1])} not found", "not_found")
+            self.events.append(f"write {tool.name} aimed at another entity: {unknown[0]}={shown(unknown[1])}")
+            return error_result(f"{entity_of(unknown[0]).replace('_', ' ')} {shown(unknown[1])} not found", "not_found")
         if self.first_write is not None:
             self.events.append(f"second write {tool.name}")
             return error_result(f"{self.entity.replace('_', ' ')} {self.identifier} was already {self.first_write_status}", "conflict")

@@ -24,27 +24,10 @@ from typing import Any
 
 import orjson
 
-from trainer.environment import (
-    Family,
-    Instance,
-    Message,
-    StepResult,
-    Tool,
-    ToolCall,
-    assistant_call,
-    assistant_text,
-    render_system_prompt,
-    tool_message,
-)
-from trainer.families.multi_step_completion import (
-    FORMAT_REMINDER,
-    and_join,
-    phrase,
-    safe_parse,
-    spoken,
-    tool_noun,
-)
-from trainer.simulation import derive_seed, same, schema_error, to_the_cent
+from trainer.environment import Family, Message, Tool, ToolCall, assistant_call, assistant_text
+from trainer.families._shared import AnsweringInstance, and_join, phrase, plural, singular, spoken
+from trainer.families.multi_step_completion import tool_noun
+from trainer.simulation import derive_seed, same, to_the_cent
 from trainer.world import Values, entity_of, is_read, is_write, key_parameters, properties, required
 
 # -- what the records look like ----------------------------------------------------------------------
@@ -75,29 +58,13 @@ RESERVATIONS = Scheme(
 ORDERS = Scheme("orders", "order", "order_number", "placed", "date", "total", (1500, 60000), "item_count", (1, 8), None)
 
 
-def _plural(noun: str) -> str:
-    if noun.endswith(("s", "x", "ch", "sh")):
-        return noun + "es"
-    if noun.endswith("y") and noun[-2:-1] not in "aeiou":
-        return noun[:-1] + "ies"
-    return noun + "s"
-
-
-def _singular(noun: str) -> str:
-    if noun.endswith("ies") and len(noun) > 4:
-        return noun[:-3] + "y"
-    if noun.endswith("s") and not noun.endswith("ss") and len(noun) > 3:
-        return noun[:-1]
-    return noun
-
-
 def scheme_for(tool: Tool, tools: Sequence[Tool]) -> Scheme:
     """The records this read plausibly returns, from its name first, then its description."""
     mentions_reservations = any(
         "reservation" in name or "booking" in name for other in tools for name in [other.name, *properties(other)]
     )
     for text in (tool_noun(tool), tool.description.lower()):
-        words = {_singular(word) for word in re.findall(r"[a-z]+", text.lower())}
+        words = {singular(word) for word in re.findall(r"[a-z]+", text.lower())}
         if "flight" in words:
             return FLIGHTS
         if words & {"item", "product", "cart", "line", "order", "basket", "purchase"}:
@@ -106,8 +73,8 @@ def scheme_for(tool: Tool, tools: Sequence[Tool]) -> Scheme:
             return BAGS
         if words & {"user", "customer", "account", "profile", "member", "client"}:
             return RESERVATIONS if mentions_reservations else ORDERS
-    noun = _singular(tool_noun(tool).split(" ")[-1]) or "record"
-    return Scheme(_plural(noun), noun, f"{noun}_id", "name", "word", "amount", (500, 90000), "quantity", (1, 9), "total value")
+    noun = singular(tool_noun(tool).split(" ")[-1]) or "record"
+    return Scheme(plural(noun), noun, f"{noun}_id", "name", "word", "amount", (500, 90000), "quantity", (1, 9), "total value")
 
 
 PRODUCTS = (
@@ -161,12 +128,13 @@ SYSTEM_INSTRUCTIONS = (
 QUESTIONS_1 = ("sum_price", "sum_count", "max_price", "min_price")
 
 
-class StructuredDataReasoningInstance(Instance):
+class StructuredDataReasoningInstance(AnsweringInstance):
+    instructions = SYSTEM_INSTRUCTIONS
+    formats = False  # types and shape only, as ever
     max_turns = 5
 
     def __init__(self, tools: Sequence[Tool], seed: int, difficulty: int) -> None:
         super().__init__(tools, seed, difficulty)
-        self.by_name = {tool.name: tool for tool in self.tools}
         self.values = Values(derive_seed("structured_data_reasoning", seed, difficulty))
         rng = self.values.random
         reads = [tool for tool in self.tools if is_read(tool)]
@@ -189,9 +157,6 @@ class StructuredDataReasoningInstance(Instance):
         self.user_text = self._question()
         self.question_numbers = numbers_in(self.user_text)
         self.read_ok = False
-        self.final_text: str | None = None
-        self.turns = 0
-        self.done = False
 
     # world building
 
@@ -308,21 +273,7 @@ class StructuredDataReasoningInstance(Instance):
 
     # protocol
 
-    def reset(self) -> list[Message]:
-        return [
-            {"role": "system", "content": render_system_prompt(SYSTEM_INSTRUCTIONS, self.tools)},
-            {"role": "user", "content": self.user_text},
-        ]
-
-    def _execute(self, call: ToolCall) -> Any:
-        tool = self.by_name.get(call.name)
-        if tool is None:
-            self.events.append(f"unknown_tool: {call.name}")
-            return {"error": f"unknown tool {call.name}"}
-        problem = schema_error(tool, call.arguments, formats=False)  # types and shape only, as ever
-        if problem is not None:
-            self.events.append(f"schema_violation: {call.name}: {problem}")
-            return {"error": f"invalid arguments for {call.name}: {problem}"}
+    def _execute(self, call: ToolCall, tool: Tool, index: int) -> Any:
         arguments: dict[str, Any] = call.arguments
         for name in key_parameters(tool):
             known = [self.arguments[name]] if name in self.arguments else []
@@ -346,25 +297,6 @@ class StructuredDataReasoningInstance(Instance):
         if keys:
             return values.record(entity_of(keys[0]), arguments[keys[0]], extra=2, key=keys[0])
         return {"results": []}
-
-    def step(self, assistant: Message) -> StepResult:
-        if self.done:
-            self.events.append("step_after_end")
-            return StepResult([], True)
-        self.turns += 1
-        parsed = safe_parse(assistant, self.events)
-        if parsed.calls:
-            messages = [tool_message(call, self._execute(call)) for call in parsed.calls]
-            self.done = self.turns >= self.max_turns
-            return StepResult(messages, self.done)
-        if parsed.errors:
-            self.done = self.turns >= self.max_turns
-            return StepResult([{"role": "user", "content": FORMAT_REMINDER}], self.done)
-        self.final_text = parsed.text.strip()
-        if not self.final_text:
-            self.events.append("empty_answer")
-        self.done = True
-        return StepResult([], True)
 
     def stated(self) -> list[Decimal]:
         """The numbers the final answer states; numbers merely repeated from the question (a

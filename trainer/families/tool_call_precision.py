@@ -6,8 +6,9 @@ exactly that call; the environment answers with a simulated result and the episo
 agent's plain-text answer. Difficulty 2 asks for every parameter the tool has (optional ones too)
 and puts a distractor value (an older id, a value to ignore) into the request.
 
-The helpers at the top (entity nouns, how values are spoken, simulated results) are shared with the
-sibling family ``argument_grounding``; seeds, schema checks and equality come from ``simulation``.
+The helpers at the top (entity nouns, how the request states values, simulated results) are shared
+with the sibling family ``argument_grounding``; wording comes from ``_shared``; seeds, schema checks
+and equality come from ``simulation``.
 """
 
 from __future__ import annotations
@@ -17,19 +18,8 @@ from typing import Any
 
 import orjson
 
-from trainer.environment import (
-    Family,
-    Instance,
-    Message,
-    StepResult,
-    Tool,
-    ToolCall,
-    assistant_call,
-    assistant_text,
-    parse_assistant,
-    render_system_prompt,
-    tool_message,
-)
+from trainer.environment import Family, Message, ParsedTurn, Tool, ToolCall, assistant_call, assistant_text
+from trainer.families._shared import ToolUseInstance, and_join, phrase, singular, spoken
 from trainer.simulation import derive_seed, same, schema_error
 from trainer.world import Values, entity_of, id_parameters, is_read, properties, required
 
@@ -43,35 +33,7 @@ def tool_entity(tool: Tool) -> str:
     return singular(noun)
 
 
-def singular(noun: str) -> str:
-    if noun.endswith("ies") and len(noun) > 4:
-        return noun[:-3] + "y"
-    if noun.endswith("s") and not noun.endswith("ss") and len(noun) > 3:
-        return noun[:-1]
-    return noun
-
-
-def plural(noun: str) -> str:
-    if noun.endswith(("s", "x", "ch", "sh")):
-        return noun + "es"
-    if noun.endswith("y") and noun[-2:-1] not in "aeiou":
-        return noun[:-1] + "ies"
-    return noun + "s"
-
-
-def phrase(name: str) -> str:
-    """How a person names a parameter: ``reservation_id`` → ``reservation id``."""
-    return name.replace("_", " ").replace("-", " ").strip() or name
-
-
-def spoken(value: Any) -> str:
-    """A value as the user writes it; strings with spaces or commas are quoted so their ends are clear."""
-    if isinstance(value, str):
-        return f'"{value}"' if (not value or any(ch in value for ch in " ,;:\"'")) else value
-    return orjson.dumps(value).decode()
-
-
-def call_attempts(parsed: Any) -> int:
+def call_attempts(parsed: ParsedTurn) -> int:
     """Calls in one parsed message, counting unparseable blocks (arguments that are not JSON are
     reported both as an error and as a call with ``arguments=None``: counted once)."""
     attached = sum(1 for call in parsed.calls if call.arguments is None)
@@ -105,13 +67,11 @@ def state_values(values: Values, arguments: dict[str, Any], order: list[str]) ->
     pairs = [(phrase(name), spoken(arguments[name])) for name in order]
     style = rng.randrange(3)
     if style == 0:
-        clauses = [f"the {name} is {value}" for name, value in pairs]
-        text = clauses[0] if len(clauses) == 1 else ", ".join(clauses[:-1]) + " and " + clauses[-1]
+        text = and_join([f"the {name} is {value}" for name, value in pairs])
         return text[0].upper() + text[1:] + "."
     if style == 1:
         return "Details: " + "; ".join(f"{name}: {value}" for name, value in pairs) + "."
-    clauses = [f"{name} {value}" for name, value in pairs]
-    return "Use " + (clauses[0] if len(clauses) == 1 else ", ".join(clauses[:-1]) + " and " + clauses[-1]) + "."
+    return "Use " + and_join([f"{name} {value}" for name, value in pairs]) + "."
 
 
 OPENERS = ("Hi!", "Hello.", "Hey there.", "Good morning.", "Hi, quick one.", "")
@@ -137,12 +97,12 @@ SYSTEM_INSTRUCTIONS = (
 # -- the family ------------------------------------------------------------------------------------
 
 
-class ToolCallPrecisionInstance(Instance):
+class ToolCallPrecisionInstance(ToolUseInstance):
+    instructions = SYSTEM_INSTRUCTIONS
     max_turns = 4
 
     def __init__(self, tools: Sequence[Tool], seed: int, difficulty: int) -> None:
         super().__init__(tools, seed, difficulty)
-        self.by_name = {tool.name: tool for tool in self.tools}
         self.values = Values(derive_seed("tool_call_precision", seed, difficulty))
         rng = self.values.random
         candidates = [tool for tool in self.tools if required(tool)]
@@ -183,8 +143,6 @@ class ToolCallPrecisionInstance(Instance):
         self.user_text = " ".join(part for part in parts if part)
         self.outcome: float | None = None  # the score of the first call attempt
         self.attempts = 0
-        self.turns = 0
-        self.done = False
 
     def _distractor(self) -> tuple[str, Any] | None:
         """A second value for one of the gold parameters (ids first) that must not be used."""
@@ -208,12 +166,6 @@ class ToolCallPrecisionInstance(Instance):
                 return name, value
         return None
 
-    def reset(self) -> list[Message]:
-        return [
-            {"role": "system", "content": render_system_prompt(SYSTEM_INSTRUCTIONS, self.tools)},
-            {"role": "user", "content": self.user_text},
-        ]
-
     def score(self, call: ToolCall) -> float:
         rewards = ToolCallPrecisionFamily.rewards
         if call.name not in self.by_name:
@@ -226,37 +178,20 @@ class ToolCallPrecisionInstance(Instance):
             return rewards["right_tool_wrong_value"]
         return rewards["exact_call"]
 
-    def _execute(self, call: ToolCall, index: int) -> Any:
-        tool = self.by_name.get(call.name)
-        if tool is None:
-            self.events.append(f"unknown_tool: {call.name}")
-            return {"error": f"unknown tool {call.name}"}
-        problem = schema_error(tool, call.arguments)
-        if problem is not None:
-            self.events.append(f"schema_violation: {call.name}: {problem}")
-            return {"error": f"invalid arguments for {call.name}: {problem}"}
-        if call.name != self.target.name:
-            self.events.append(f"wrong_tool: {call.name}")
-        values = Values(derive_seed("tool_call_precision.result", self.seed, self.difficulty, self.turns, index))
-        return simulated_result(tool, call.arguments, values)
-
-    def step(self, assistant: Message) -> StepResult:
-        if self.done:
-            return StepResult([], True)
-        self.turns += 1
-        parsed = parse_assistant(assistant)
-        for error in parsed.errors:
-            self.events.append(f"parse_error: {error}")
+    def _read(self, assistant: Message) -> ParsedTurn:
+        """The turn, read; its first call attempt of the episode is the one scored."""
+        parsed = super()._read(assistant)
         attempts = call_attempts(parsed)
         if attempts and self.outcome is None:
             self.outcome = self.score(parsed.calls[0]) if parsed.calls else ToolCallPrecisionFamily.rewards["no_valid_call"]
         self.attempts += attempts
-        if not parsed.calls:
-            self.done = True
-            return StepResult([], True)
-        messages = [tool_message(call, self._execute(call, index)) for index, call in enumerate(parsed.calls)]
-        self.done = self.turns >= self.max_turns
-        return StepResult(messages, self.done)
+        return parsed
+
+    def _execute(self, call: ToolCall, tool: Tool, index: int) -> Any:
+        if call.name != self.target.name:
+            self.events.append(f"wrong_tool: {call.name}")
+        values = Values(derive_seed("tool_call_precision.result", self.seed, self.difficulty, self.turns, index))
+        return simulated_result(tool, call.arguments, values)
 
     def reward(self) -> float:
         rewards = ToolCallPrecisionFamily.rewards
