@@ -166,8 +166,8 @@ def create_api(daemon: Daemon) -> FastAPI:
     def training_requests(status: str | None = None) -> dict[str, Any]:
         return {"items": daemon.analysis_store.training_requests(status)}
 
-    @api.get("/api/training_runs")
-    def training_runs(capability: str | None = None) -> dict[str, Any]:
+    @api.get("/api/runs")
+    def runs(capability: str | None = None) -> dict[str, Any]:
         """Training runs, newest first, each with its latest progress record."""
         items = daemon.adapter_registry.runs(capability)
         for item in items:
@@ -175,8 +175,8 @@ def create_api(daemon: Daemon) -> FastAPI:
             item["progress"] = history[-1] if history else None
         return {"items": items}
 
-    @api.get("/api/training_runs/{run_id}")
-    def training_run(run_id: int) -> dict[str, Any]:
+    @api.get("/api/runs/{run_id}")
+    def run(run_id: int) -> dict[str, Any]:
         """One run with its step-by-step progress and, once finished, its evaluation report."""
         item = daemon.adapter_registry.run(run_id)
         if item is None:

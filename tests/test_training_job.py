@@ -58,14 +58,14 @@ def test_a_planted_gap_ends_as_a_verified_candidate_adapter_with_no_manual_step(
         deadline = time.monotonic() + 150
         runs: list[dict] = []
         while time.monotonic() < deadline:
-            runs = daemon.get("/api/training_runs")["items"]
+            runs = daemon.get("/api/runs")["items"]
             if runs and runs[0]["status"] not in ("queued", "running"):
                 break
             time.sleep(0.5)
         environment = daemon.get("/api/environments")["items"][0]
         adapters = daemon.get("/api/adapters")["items"]
         capability = daemon.get("/api/capabilities/precondition_verification")
-        run = daemon.get(f"/api/training_runs/{runs[0]['run_id']}") if runs else {}
+        run = daemon.get(f"/api/runs/{runs[0]['run_id']}") if runs else {}
     finally:
         daemon.stop()
     # The gate rejected the random base as too weak, so the run warm-started.
