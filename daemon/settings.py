@@ -187,6 +187,24 @@ class TrainingSettings(Section):
     seed: int = Field(0, description="Seed of sampling and initialisation.")
 
 
+class RouterSettings(Section):
+    host: str = Field("127.0.0.1", description="Interface the router binds to.")
+    port: int = Field(8000, ge=0, le=65535, description="OpenAI-compatible API port.")
+    token: str = Field(
+        "", description="Bearer token for /admin calls; when empty one is generated into <store dir>/router.token."
+    )
+    backend: str = Field("embedded", description="'embedded' (transformers + peft in process) or 'vllm' (fronts a vLLM server).")
+    vllm_url: str = Field("http://127.0.0.1:8001", description="The vLLM server the 'vllm' backend fronts.")
+    model_name: str = Field("base", description="Name of the base model in /v1/models; adapters are '<capability>@v<N>'.")
+    routing: str = Field("classifier", description="Routing mode at start: classifier | gate | fixed | off.")
+    fixed_adapter: str | None = Field(None, description="With routing 'fixed': the adapter (or 'base') every request uses.")
+    max_new_tokens: int = Field(256, ge=1, description="Default max_tokens of a completion.")
+    max_context_tokens: int = Field(8192, ge=256, description="Longer prompts are refused with a context_length_exceeded error.")
+    max_batch: int = Field(8, ge=1, description="Most requests generated together in one batch.")
+    export_spans: bool = Field(True, description="Send a GenAI span per request to the collector (served traffic flows back into analysis).")
+    otlp_endpoint: str = Field("http://127.0.0.1:4318", description="Where the router's spans go (OTLP/HTTP).")
+
+
 CAPABILITY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
@@ -263,6 +281,7 @@ class Settings(Section):
     model: ModelSettings = ModelSettings()
     validation: GateSettings = GateSettings()
     training: TrainingSettings = TrainingSettings()
+    router: RouterSettings = RouterSettings()
 
 
 class ConfigError(ValueError):
