@@ -56,6 +56,13 @@ def play(instance: Instance, messages: list[Any]) -> tuple[float, list[Message],
     return instance.reward(), replies, done
 
 
+def assert_each_case_earns(family: Family, tool_set: str, seed: int, difficulty: int, cases: dict[str, tuple[list[Any], float]], *context: Any) -> None:
+    """Each case's messages, played on a fresh instance of the seed, earn exactly the case's reward."""
+    for case, (messages, expected) in cases.items():
+        got = play(family.instance(TOOL_SETS[tool_set], seed, difficulty), messages)[0]
+        assert got == expected, (tool_set, difficulty, seed, *context, case, got)
+
+
 def solved(family: Family, tool_set: str, difficulty: int, seeds: range = range(200)) -> Iterator[tuple[Instance, Rollout]]:
     """The ground truth of each seed, replayed: every one scores 1.0, ends with the policy's answer and
     marks exactly the policy's messages as its own."""

@@ -1,48 +1,27 @@
 """The argument_grounding family on the airline (OpenAI-shaped) and retail (flat) tool sets: the id
 the second call needs comes only from the first call's result; the ground truth always scores 1.0,
-each documented partial behaviour earns exactly its level, weak policies stay low, malformed output
-never raises, unknown ids answer with an error object, and instances are identical across processes."""
+each documented partial behaviour earns exactly its level and unknown ids answer with an error
+object (what every family promises is in ``test_family_contract``)."""
 
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 import pytest
 
-from trainer.environment import (
-    Environment,
-    Instance,
-    assistant_call,
-    assistant_text,
-    load_tools,
-    noop_policy,
-    random_policy,
-    rollout,
-    solution_policy,
-)
+from trainer.environment import Environment, assistant_call, assistant_text, load_tools, rollout, solution_policy
 from trainer.families.argument_grounding import ArgumentGroundingFamily, chains
 from trainer.simulation import schema_error
 
-from tests.family_support import TOOL_SETS, run_in_another_process
+from tests.family_support import TOOL_SETS, UNREADABLE_TURNS, cases, play, solved
 
 TOOLS = TOOL_SETS
 FAMILY = ArgumentGroundingFamily()
 REWARDS = FAMILY.rewards
-CASES = [(tool_set, difficulty) for tool_set in sorted(TOOLS) for difficulty in FAMILY.levels]
+CASES = cases(FAMILY)
 DONE = assistant_text("Here you go.")
-
-
-def play(instance: Instance, messages: list[Any]) -> tuple[float, list[dict[str, Any]]]:
-    """Reset, feed the assistant messages until the episode ends: the reward and the tool results."""
-    instance.reset()
-    replies: list[dict[str, Any]] = []
-    for message in messages:
-        result = instance.step(message)
-        replies.extend(result.messages)
-        if result.done:
-            break
-    return instance.reward(), replies
 
 
 def altered(identifier: str) -> str:
@@ -51,21 +30,7 @@ def altered(identifier: str) -> str:
     return identifier[:-1] + ("1" if last != "1" else "2") if last.isdigit() else identifier[:-1] + ("a" if last != "a" else "b")
 
 
-def transcript(tool_set: str, seed: int, difficulty: int) -> str:
-    instance = FAMILY.instance(TOOLS[tool_set], seed, difficulty)
-    messages = instance.reset()
-    for message in instance.solution():
-        result = instance.step(message)
-        messages.append(message)
-        messages.extend(result.messages)
-        if result.done:
-            break
-    return json.dumps({"messages": messages, "reward": instance.reward(), "hint": instance.hint()}, sort_keys=True)
-
-
-def test_family_declares_its_capability_and_levels() -> None:
-    assert FAMILY.name == FAMILY.capability == "argument_grounding"
-    assert FAMILY.levels == (1, 2)
+def test_rewards_are_the_documented_levels() -> None:
     assert REWARDS == {
         "both_calls_grounded": 1.0,
         "second_call_id_not_grounded": 0.5,
@@ -87,12 +52,7 @@ def test_natural_chains_are_preferred() -> None:
 
 @pytest.mark.parametrize(("tool_set", "difficulty"), CASES)
 def test_solution_scores_one_on_200_seeds(tool_set: str, difficulty: int) -> None:
-    for seed in range(200):
-        instance = FAMILY.instance(TOOLS[tool_set], seed, difficulty)
-        replay = rollout(instance, solution_policy(instance))
-        assert replay.reward == 1.0, (seed, replay.messages, replay.events)
-        assert replay.success and replay.messages[-1]["role"] == "assistant"
-        assert [message["role"] == "assistant" for message in replay.messages] == replay.from_policy
+    for instance, replay in solved(FAMILY, tool_set, difficulty):
         user, first_result = replay.messages[1]["content"], replay.messages[3]["content"]
         # the grounded id is never in the user's text, only in the first result
         assert instance.target not in user and instance.target in first_result
@@ -106,11 +66,8 @@ def test_solution_scores_one_on_200_seeds(tool_set: str, difficulty: int) -> Non
 
 @pytest.mark.parametrize(("tool_set", "difficulty"), CASES)
 def test_each_partial_behaviour_earns_its_documented_reward(tool_set: str, difficulty: int) -> None:
-    tools = TOOLS[tool_set]
     for seed in range(12):
-        def fresh() -> Any:
-            return FAMILY.instance(tools, seed, difficulty)
-
+        fresh = partial(FAMILY.instance, TOOLS[tool_set], seed, difficulty)
         instance = fresh()
         first, second, parameter = instance.first.name, instance.second.name, instance.parameter
         gold_first, gold_second = instance.gold_first, instance.gold_second
@@ -123,14 +80,14 @@ def test_each_partial_behaviour_earns_its_documented_reward(tool_set: str, diffi
 
         # first call right, the second id invented or altered (the altered one is not found)
         invented = assistant_call(second, {**gold_second, parameter: altered(instance.target)})
-        reward, replies = play(fresh(), [good_first, invented, DONE])
+        reward, replies, _ = play(fresh(), [good_first, invented, DONE])
         assert reward == REWARDS["second_call_id_not_grounded"] == 0.5
         assert json.loads(replies[-1]["content"]) == {"error": f"{parameter.removesuffix('_id').removesuffix('_number').replace('_', ' ')} {altered(instance.target)} not found"}
         if difficulty == 2:
             # the id the user misremembers, and another listed candidate: both not the needed one
             assert play(fresh(), [good_first, assistant_call(second, {**gold_second, parameter: instance.misremembered}), DONE])[0] == 0.5
             listed = [key for key in instance.world if key != instance.target]
-            reward, replies = play(fresh(), [good_first, assistant_call(second, {**gold_second, parameter: listed[0]}), DONE])
+            reward, replies, _ = play(fresh(), [good_first, assistant_call(second, {**gold_second, parameter: listed[0]}), DONE])
             assert reward == 0.5 and "error" not in json.loads(replies[-1]["content"])
         # second tool called with arguments that fail its schema
         assert play(fresh(), [good_first, assistant_call(second, {}), DONE])[0] == 0.5
@@ -145,7 +102,7 @@ def test_each_partial_behaviour_earns_its_documented_reward(tool_set: str, diffi
         assert play(fresh(), [DONE])[0] == REWARDS["no_right_first_call"] == 0.0
         assert play(fresh(), [good_second, DONE])[0] == 0.0  # skipping the lookup (id from nowhere)
         wrong_first = {key: (value + "x" if isinstance(value, str) else value) for key, value in gold_first.items()}
-        reward, replies = play(fresh(), [assistant_call(first, wrong_first), good_second, DONE])
+        reward, replies, _ = play(fresh(), [assistant_call(first, wrong_first), good_second, DONE])
         assert reward == 0.0
         assert json.loads(replies[0]["content"])["error"].endswith("not found")
         assert play(fresh(), [assistant_call(first, {}), DONE])[0] == 0.0
@@ -179,48 +136,9 @@ def test_parallel_calls_in_one_message_are_answered_in_order() -> None:
     assert json.loads(result.messages[1]["content"]) == {"error": "unknown tool nope"}
 
 
-def test_turn_limit_ends_the_episode() -> None:
-    instance = FAMILY.instance(TOOLS["airline"], 1, 1)
-    instance.reset()
-    results = [instance.step(assistant_call(instance.first.name, instance.gold_first)) for _ in range(instance.max_turns)]
-    assert [result.done for result in results] == [False] * (instance.max_turns - 1) + [True]
-    assert instance.reward() == 0.25
-
-
 @pytest.mark.parametrize("tool_set", sorted(TOOLS))
-def test_weak_policies_stay_low(tool_set: str) -> None:
-    for difficulty in FAMILY.levels:
-        environment = Environment(FAMILY, TOOLS[tool_set], difficulty)
-        noop = [rollout(environment.instance(seed), noop_policy).reward for seed in range(50)]
-        rand = [rollout(environment.instance(seed), random_policy(seed)).reward for seed in range(50)]
-        assert sum(noop) / 50 < 0.3 and sum(rand) / 50 < 0.3
-        assert max(noop) == 0.0
-
-
-MALFORMED = [
-    {"role": "assistant", "content": '<tool_call>{"name": "get_user", "arguments": {</tool_call>'},
-    {"role": "assistant", "content": "<tool_call>{broken"},
-    "just a bare string",
-    {"role": "assistant", "content": "just a bare string"},
-    {},
-    {"role": "assistant", "content": ""},
-    {"role": "assistant", "content": None},
-    {"role": "assistant", "content": ["not", "text"]},
-    {"role": "assistant", "content": "{not json at all}"},
-    {"role": "assistant", "tool_calls": 5},
-]
-
-
-@pytest.mark.parametrize("tool_set", sorted(TOOLS))
-@pytest.mark.parametrize("message", MALFORMED, ids=range(len(MALFORMED)))
-def test_malformed_output_scores_low_without_raising(tool_set: str, message: Any) -> None:
-    instance = FAMILY.instance(TOOLS[tool_set], 9, 2)
-    instance.reset()
-    result = instance.step(message)
-    assert result.done and instance.reward() == 0.0
-    if isinstance(message, dict) and "<tool_call>" in str(message.get("content")):
-        assert any(event.startswith("parse_error:") for event in instance.events)
-    # after a right first call, a malformed second turn keeps only the first call's credit
+@pytest.mark.parametrize("message", UNREADABLE_TURNS, ids=range(len(UNREADABLE_TURNS)))
+def test_an_unreadable_second_turn_keeps_only_the_first_calls_credit(tool_set: str, message: Any) -> None:
     grounded = FAMILY.instance(TOOLS[tool_set], 9, 2)
     assert play(grounded, [assistant_call(grounded.first.name, grounded.gold_first), message, DONE])[0] == 0.25
 
@@ -231,24 +149,11 @@ def test_non_object_arguments_score_low(tool_set: str, arguments: str) -> None:
     instance = FAMILY.instance(TOOLS[tool_set], 2, 1)
     first = instance.first.name
     bad = {"role": "assistant", "content": f'<tool_call>{{"name": "{first}", "arguments": {arguments}}}</tool_call>'}
-    reward, replies = play(instance, [bad, DONE])
+    reward, replies, _ = play(instance, [bad, DONE])
     assert reward == 0.0 and "error" in json.loads(replies[0]["content"])
     grounded = FAMILY.instance(TOOLS[tool_set], 2, 1)
     second = {"role": "assistant", "content": f'<tool_call>{{"name": "{grounded.second.name}", "arguments": {arguments}}}</tool_call>'}
     assert play(grounded, [assistant_call(first, grounded.gold_first), second, DONE])[0] == 0.5
-
-
-@pytest.mark.parametrize("tool_set", sorted(TOOLS))
-def test_system_prompt_lists_exactly_the_target_tools(tool_set: str) -> None:
-    other = "retail" if tool_set == "airline" else "airline"
-    for difficulty in FAMILY.levels:
-        opening = FAMILY.instance(TOOLS[tool_set], 3, difficulty).reset()
-        assert [message["role"] for message in opening] == ["system", "user"]
-        system = opening[0]["content"]
-        listing = system.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0].splitlines()
-        assert [json.loads(line)["name"] for line in listing] == [tool.name for tool in TOOLS[tool_set]]
-        assert [json.loads(line)["parameters"] for line in listing] == [tool.parameters for tool in TOOLS[tool_set]]
-        assert not any(f'"name":"{tool.name}"' in system for tool in TOOLS[other])
 
 
 def test_tool_sets_without_a_natural_chain_still_work() -> None:
@@ -279,35 +184,18 @@ def test_tool_sets_without_a_natural_chain_still_work() -> None:
     assert "passenger name" in booking.reset()[1]["content"]
 
 
-def test_unusable_tool_sets_are_refused() -> None:
+def test_tool_sets_without_an_id_chain_are_refused() -> None:
     no_ids = load_tools([
         {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}},
         {"name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}},
     ])  # fmt: skip
     single = load_tools([{"name": "get_order", "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}}])
-    assert FAMILY.unusable(no_ids) and FAMILY.unusable(single) and FAMILY.unusable([])
-    assert FAMILY.unusable(TOOLS["airline"]) is None and FAMILY.unusable(TOOLS["retail"]) is None
+    assert FAMILY.unusable(no_ids) and FAMILY.unusable(single)
     with pytest.raises(ValueError):
         Environment(FAMILY, no_ids)
 
 
-def test_hint_is_one_line_naming_both_calls() -> None:
+def test_hint_names_both_calls() -> None:
     for seed in range(10):
         instance = FAMILY.instance(TOOLS["airline"], seed, 2)
-        hint = instance.hint()
-        assert "\n" not in hint and instance.first.name in hint and instance.second.name in hint
-
-
-def test_same_seed_same_instance_and_different_seeds_differ() -> None:
-    assert transcript("retail", 5, 2) == transcript("retail", 5, 2)
-    assert len({transcript("airline", seed, 1) for seed in range(10)}) == 10
-
-
-def test_transcript_is_identical_in_another_process() -> None:
-    keys = [(tool_set, seed, difficulty) for tool_set in sorted(TOOLS) for seed in (0, 7, 123) for difficulty in (1, 2)]
-    code = (
-        "import json, sys; sys.path.insert(0, 'tests'); "
-        "from test_family_argument_grounding import transcript; "
-        f"print(json.dumps([transcript(*key) for key in {keys!r}]))"
-    )
-    assert json.loads(run_in_another_process(code)) == [transcript(*key) for key in keys]
+        assert instance.first.name in instance.hint() and instance.second.name in instance.hint()

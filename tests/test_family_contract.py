@@ -7,6 +7,7 @@ scores low without raising."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -45,6 +46,7 @@ EVERY_CASE = [(family, tool_set, difficulty) for family in FAMILIES for tool_set
 
 
 def named(value: Any) -> str:
+    """Test ids: a family by its name."""
     return value.name if isinstance(value, Family) else str(value)
 
 
@@ -56,6 +58,12 @@ def test_family_is_named_and_documented_as_its_capability(family: Family) -> Non
     for value in family.rewards.values():
         assert str(value) in (type(family).__doc__ or ""), value
     assert Environment(family, TOOL_SETS["airline"], 2).spec()["rewards"] == family.rewards
+
+
+@pytest.mark.parametrize("family", DIALOGUES, ids=named)
+def test_dialogue_families_list_every_reward_level_by_key(family: Family) -> None:
+    for key, value in family.rewards.items():
+        assert re.search(rf"{value}\s+``{key}``", type(family).__doc__ or ""), key
 
 
 @pytest.mark.parametrize("family", FAMILIES, ids=named)
@@ -133,6 +141,16 @@ def test_an_unreadable_turn_ends_a_one_call_episode_at_zero(family: Family, tool
     assert result.done and instance.reward() == 0.0
     if isinstance(message, dict) and "<tool_call>" in str(message.get("content")):
         assert any(event.startswith("parse_error:") for event in instance.events)
+
+
+@pytest.mark.parametrize(("family", "tool_set", "reward"), [(ONE_CALL[0], "retail", 0.6), (ONE_CALL[1], "airline", 0.25)], ids=named)
+def test_the_turn_limit_ends_a_one_call_episode(family: Family, tool_set: str, reward: float) -> None:
+    instance = family.instance(TOOL_SETS[tool_set], 1, 1)
+    first_call = instance.solution()[0]
+    instance.reset()
+    results = [instance.step(first_call) for _ in range(instance.max_turns)]
+    assert [result.done for result in results] == [False] * (instance.max_turns - 1) + [True]
+    assert instance.reward() == reward  # the first call repeated until the limit
 
 
 @pytest.mark.parametrize("message", MALFORMED_TURNS, ids=range(len(MALFORMED_TURNS)))

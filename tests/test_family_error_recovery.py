@@ -1,91 +1,33 @@
-"""The error_recovery family: the first call fails with an actionable error, on two different tool sets."""
+"""The error_recovery family: the first call fails with an actionable error, on two different tool sets
+(what every family promises is in ``test_family_contract``)."""
 
 from __future__ import annotations
 
 import collections
-import datetime as dt
 import json
-import re
-import statistics
-from typing import Any
 
 import pytest
 
-from trainer.environment import (
-    Message,
-    assistant_call,
-    assistant_text,
-    noop_policy,
-    random_policy,
-    rollout,
-    solution_policy,
-)
+from trainer.environment import assistant_call, assistant_text
 from trainer.families.error_recovery import ErrorRecoveryFamily
 from trainer.world import id_parameters, properties
 
-from tests.family_support import FIXTURES, TOOL_SETS, run_in_another_process
+from tests.family_support import TOOL_SETS, assert_each_case_earns, cases, perturbed, solved
 
 FAMILY = ErrorRecoveryFamily()
 REWARDS = FAMILY.rewards
 SEEDS = range(0, 200, 7)  # the seeds the partial-behaviour cases run on
 
 
-def play(instance: Any, messages: list[Message]) -> float:
-    instance.reset()
-    for message in messages:
-        instance.step(message)
-    return instance.reward()
+# -- the solution --------------------------------------------------------------------------------
 
 
-def perturbed(instance: Any) -> dict[str, Any] | None:
-    """The expected arguments with one non-id, non-error value changed (still schema-valid), if any."""
-    plan = instance.plan
-    expected = dict(plan.expected)
-    for key, value in expected.items():
-        schema = properties(plan.tool)[key]
-        if key in id_parameters(plan.tool) or key == plan.param or "pattern" in schema:
-            continue
-        if schema.get("enum"):
-            expected[key] = next(option for option in schema["enum"] if option != value)
-        elif isinstance(value, bool):
-            expected[key] = not value
-        elif isinstance(value, int):
-            low, high = schema.get("minimum", 1), schema.get("maximum", value + 2)
-            expected[key] = next(option for option in range(int(low), int(high) + 1) if option != value)
-        elif isinstance(value, float):
-            expected[key] = round(value + 1.5, 2)
-        elif schema.get("format") == "date":
-            expected[key] = (dt.date.fromisoformat(value) + dt.timedelta(days=1)).isoformat()
-        elif "@" in str(value):
-            continue
-        else:
-            expected[key] = f"{value}-X"
-        return expected
-    return None
-
-
-# -- the solution and the floors ------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("difficulty", FAMILY.levels)
-@pytest.mark.parametrize("tool_set", sorted(TOOL_SETS))
+@pytest.mark.parametrize(("tool_set", "difficulty"), cases(FAMILY))
 def test_solution_scores_one_on_200_seeds(tool_set: str, difficulty: int) -> None:
-    for seed in range(200):
-        instance = FAMILY.instance(TOOL_SETS[tool_set], seed, difficulty)
-        result = rollout(instance, solution_policy(instance))
-        assert result.reward == 1.0 and result.success, (seed, result.events, result.messages[-4:])
+    for _, result in solved(FAMILY, tool_set, difficulty):
         errors = [json.loads(m["content"]) for m in result.messages if m["role"] == "tool"][:-1]
         assert errors and all(set(error) >= {"error", "code"} for error in errors)  # every call before the last failed
         assert len(errors) == (1 if difficulty == 1 else 2)
-
-
-@pytest.mark.parametrize("difficulty", FAMILY.levels)
-@pytest.mark.parametrize("tool_set", sorted(TOOL_SETS))
-def test_noop_and_random_policies_stay_under_the_floor(tool_set: str, difficulty: int) -> None:
-    tools = TOOL_SETS[tool_set]
-    noop = [rollout(FAMILY.instance(tools, seed, difficulty), noop_policy).reward for seed in range(50)]
-    chance = [rollout(FAMILY.instance(tools, seed, difficulty), random_policy(seed)).reward for seed in range(50)]
-    assert statistics.fmean(noop) < 0.3 and statistics.fmean(chance) < 0.3
 
 
 def test_error_kinds_fit_each_tool_set() -> None:
@@ -99,8 +41,7 @@ def test_error_kinds_fit_each_tool_set() -> None:
 # -- every documented partial behaviour gets exactly its reward -----------------------------------
 
 
-@pytest.mark.parametrize("difficulty", FAMILY.levels)
-@pytest.mark.parametrize("tool_set", sorted(TOOL_SETS))
+@pytest.mark.parametrize(("tool_set", "difficulty"), cases(FAMILY))
 def test_documented_reward_levels(tool_set: str, difficulty: int) -> None:
     tools = TOOL_SETS[tool_set]
     for seed in SEEDS:
@@ -131,7 +72,7 @@ def test_documented_reward_levels(tool_set: str, difficulty: int) -> None:
             cases["fixed_but_not_retried"] = ([*calls[:-1], report], REWARDS["gave_up_reporting_error"])
         # a call that gets past the error but carries a wrong value; sent until the backend executes it
         sends = 1 + plan.transients - (1 if plan.kind == "transient" else 0)
-        wrong = perturbed(instance)
+        wrong = perturbed(plan.tool, plan.expected, {*id_parameters(plan.tool), plan.param})
         if wrong is not None:
             wrong_calls = [assistant_call(plan.tool.name, wrong)] * sends
             cases["wrong_call_executed"] = ([first, *wrong_calls, *calls[1:], final], REWARDS["wrong_call_executed"])
@@ -139,17 +80,7 @@ def test_documented_reward_levels(tool_set: str, difficulty: int) -> None:
             other = next(option for option in properties(plan.tool)[plan.param]["enum"] if option != plan.expected[plan.param])
             wrong_calls = [assistant_call(plan.tool.name, {**plan.expected, plan.param: other})] * sends
             cases["wrong_enum_value"] = ([first, *wrong_calls, *calls[1:], final], REWARDS["wrong_call_executed"])
-        for case, (messages, expected) in cases.items():
-            got = play(FAMILY.instance(tools, seed, difficulty), messages)
-            assert got == expected, (tool_set, difficulty, seed, plan.kind, case, got)
-
-
-def test_rewards_are_documented_in_the_class_docstring() -> None:
-    doc = ErrorRecoveryFamily.__doc__ or ""
-    for key, value in REWARDS.items():
-        assert re.search(rf"{value}\s+``{key}``", doc), key
-    assert max(REWARDS.values()) == 1.0 and FAMILY.levels == (1, 2)
-    assert FAMILY.name == FAMILY.capability == "error_recovery"
+        assert_each_case_earns(FAMILY, tool_set, seed, difficulty, cases, plan.kind)
 
 
 # -- the simulated backend ------------------------------------------------------------------------
@@ -198,94 +129,6 @@ def test_the_executed_result_is_a_record_and_unknown_ids_fail() -> None:
     assert unknown["code"] == "not_found"
 
 
-def test_unusable_and_bad_difficulty() -> None:
-    for tools in TOOL_SETS.values():
-        assert FAMILY.unusable(tools) is None
-    assert isinstance(FAMILY.unusable([]), str)
-    with pytest.raises(ValueError):
-        FAMILY.instance([], 1)
+def test_an_unknown_difficulty_is_refused() -> None:
     with pytest.raises(ValueError):
         FAMILY.instance(TOOL_SETS["airline"], 1, 3)
-
-
-def test_hint_is_one_line() -> None:
-    for tools in TOOL_SETS.values():
-        for difficulty in FAMILY.levels:
-            hint = FAMILY.instance(tools, 2, difficulty).hint()
-            assert hint and "\n" not in hint
-
-
-# -- malformed output -----------------------------------------------------------------------------
-
-MALFORMED = {
-    "invalid_json_in_tag": {"role": "assistant", "content": '<tool_call>{"name": "x", "arguments": {</tool_call>'},
-    "bare_string": "cancel it please",
-    "empty_message": {"role": "assistant", "content": ""},
-    "no_content": {"role": "assistant"},
-    "arguments_not_an_object": None,  # filled per instance below
-    "arguments_not_json": None,
-    "unknown_tool": {"role": "assistant", "content": '<tool_call>{"name": "teleport", "arguments": {}}</tool_call>'},
-    "content_parts": {"role": "assistant", "content": [{"type": "text", "text": "<tool_call>{oops</tool_call>"}]},
-}
-
-
-@pytest.mark.parametrize("case", sorted(MALFORMED))
-@pytest.mark.parametrize("tool_set", sorted(TOOL_SETS))
-def test_malformed_output_scores_low_without_exceptions(tool_set: str, case: str) -> None:
-    tools = TOOL_SETS[tool_set]
-    instance = FAMILY.instance(tools, 8, 2)
-    name = instance.plan.tool.name
-    message = MALFORMED[case]
-    if case == "arguments_not_an_object":
-        message = {"role": "assistant", "content": f'<tool_call>{{"name": "{name}", "arguments": [1, 2]}}</tool_call>'}
-    elif case == "arguments_not_json":
-        message = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": name, "arguments": "{nope"}}]}
-    instance.reset()
-    answer = instance.step(message)
-    assert answer.messages and instance.events
-    for reply in answer.messages:
-        if reply["role"] == "tool":
-            assert set(json.loads(reply["content"])) >= {"error", "code"}
-    assert instance.reward() < 0.3
-    result = rollout(FAMILY.instance(tools, 8, 2), lambda messages: message)
-    assert result.reward < 0.3 and result.events
-
-
-# -- the target's tools, exactly -------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("tool_set", sorted(TOOL_SETS))
-def test_system_prompt_lists_exactly_the_targets_tools(tool_set: str) -> None:
-    tools = TOOL_SETS[tool_set]
-    other = TOOL_SETS["retail" if tool_set == "airline" else "airline"]
-    for difficulty in FAMILY.levels:
-        system = FAMILY.instance(tools, 3, difficulty).reset()[0]
-        assert system["role"] == "system"
-        listing = system["content"].split("<tools>\n", 1)[1].split("\n</tools>", 1)[0].splitlines()
-        declared = [json.loads(line) for line in listing]
-        assert declared == [tool.to_openai()["function"] for tool in tools]
-        assert not any(f'"name":"{tool.name}"' in system["content"] for tool in other)
-
-
-# -- determinism across processes ------------------------------------------------------------------
-
-TRANSCRIPT = """
-import json, sys
-from pathlib import Path
-from trainer.environment import load_tools, rollout, solution_policy
-from trainer.families.error_recovery import ErrorRecoveryFamily
-
-def transcript(tool_set, seed, difficulty):
-    tools = load_tools(json.loads((Path({fixtures!r}) / f"{{tool_set}}.json").read_text()))
-    instance = ErrorRecoveryFamily().instance(tools, seed, difficulty)
-    result = rollout(instance, solution_policy(instance))
-    return json.dumps({{"messages": result.messages, "reward": result.reward, "events": result.events}}, sort_keys=True)
-"""
-
-
-def test_transcripts_are_identical_in_another_process() -> None:
-    namespace: dict[str, Any] = {}
-    exec(TRANSCRIPT.format(fixtures=str(FIXTURES)), namespace)  # noqa: S102 - the same code both sides
-    cases = [(tool_set, seed, difficulty) for tool_set in sorted(TOOL_SETS) for seed in (0, 1, 2, 17) for difficulty in FAMILY.levels]
-    script = TRANSCRIPT.format(fixtures=str(FIXTURES)) + f"\nprint(json.dumps([transcript(*case) for case in {cases!r}]))"
-    assert json.loads(run_in_another_process(script)) == [namespace["transcript"](*case) for case in cases]

@@ -1,57 +1,28 @@
-"""The multi_step_completion environment family: solvable, scored as documented, robust, deterministic."""
+"""The multi_step_completion environment family: solvable, scored as documented, robust, deterministic
+(what every family promises is in ``test_family_contract``)."""
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 import orjson
 import pytest
 
-from trainer.environment import (
-    Environment,
-    Message,
-    assistant_call,
-    assistant_text,
-    load_tools,
-    noop_policy,
-    random_policy,
-    render_system_prompt,
-    rollout,
-    solution_policy,
-)
-from trainer.families.multi_step_completion import (
-    SYSTEM_INSTRUCTIONS,
-    MultiStepCompletionFamily,
-    MultiStepCompletionInstance,
-)
+from trainer.environment import Message, assistant_call, assistant_text, load_tools, rollout, solution_policy
+from trainer.families.multi_step_completion import SYSTEM_INSTRUCTIONS, MultiStepCompletionFamily, MultiStepCompletionInstance
 from trainer.world import Values, is_write, key_parameters, properties, required
 
-from tests.family_support import TOOL_SETS, run_in_another_process
+from tests.family_support import TOOL_SETS, cases, play, solved, transcript
 
 TOOLSETS = TOOL_SETS
 FAMILY = MultiStepCompletionFamily()
 PER_STEP = {1: 0.4, 2: 0.2667}
-CASES = [(toolset, difficulty) for toolset in TOOLSETS for difficulty in (1, 2)]
+CASES = cases(FAMILY)
 
 
 def make(toolset: str, seed: int, difficulty: int) -> MultiStepCompletionInstance:
     return FAMILY.instance(TOOLSETS[toolset], seed, difficulty)
-
-
-def play(instance: MultiStepCompletionInstance, messages: list[Any]) -> tuple[float, list[Message], bool]:
-    """Feeds assistant messages until the episode ends; returns reward, environment replies, done."""
-    instance.reset()
-    replies: list[Message] = []
-    done = False
-    for message in messages:
-        result = instance.step(message)
-        replies.extend(result.messages)
-        done = result.done
-        if done:
-            break
-    return instance.reward(), replies, done
 
 
 def chain_calls(instance: MultiStepCompletionInstance) -> list[Message]:
@@ -79,13 +50,13 @@ def other_value(tool, name: str, value: Any) -> Any:
 
 @pytest.mark.parametrize(("toolset", "difficulty"), CASES)
 def test_solution_scores_one_on_200_seeds(toolset: str, difficulty: int) -> None:
-    for seed in range(200):
-        instance = make(toolset, seed, difficulty)
-        episode = rollout(instance, solution_policy(instance))
-        assert episode.reward == 1.0, (seed, episode.messages, episode.events)
-        assert episode.success
+    for instance, episode in solved(FAMILY, toolset, difficulty):
         assert len(instance.steps) == (3 if difficulty == 2 else 2)
         assert episode.events == []
+
+
+def test_the_ground_truth_reports_the_confirmation_code() -> None:
+    assert re.search(r"CNF-\d{6}", transcript(FAMILY, "airline", 0, 1))
 
 
 @pytest.mark.parametrize(("toolset", "difficulty"), CASES)
@@ -106,15 +77,8 @@ def test_chain_is_dependent_and_ends_with_a_write(toolset: str, difficulty: int)
             assert str(value) in user
 
 
-def test_rewards_are_documented() -> None:
-    doc = MultiStepCompletionFamily.__doc__ or ""
-    for value in (0.4, 0.2667, 0.2, 1.0, 0.0):
-        assert str(value) in doc
+def test_each_step_of_a_3_step_chain_earns_a_third_of_the_chain_credit() -> None:
     assert FAMILY.rewards["each_step_of_3_step_chain"] == round(0.8 / 3, 4)
-    assert FAMILY.levels == (1, 2)
-    assert FAMILY.capability == "multi_step_completion"
-    spec = Environment(FAMILY, TOOLSETS["airline"], 2).spec()
-    assert spec["rewards"] == FAMILY.rewards
 
 
 # -- documented partial behaviours --------------------------------------------------------------------
@@ -227,60 +191,18 @@ def test_out_of_chain_reads_are_answered_without_credit() -> None:
     assert [tool.name for tool in tools] == [tool.name for tool in instance.tools]
 
 
-# -- floors and robustness -------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("toolset", "difficulty"), CASES)
-def test_noop_and_random_policies_score_low(toolset: str, difficulty: int) -> None:
-    noop = [rollout(make(toolset, seed, difficulty), noop_policy).reward for seed in range(50)]
-    random_ = [rollout(make(toolset, seed, difficulty), random_policy(seed)).reward for seed in range(50)]
-    assert sum(noop) / 50 < 0.3
-    assert sum(random_) / 50 < 0.3
-
-
-MALFORMED = [
-    {"role": "assistant", "content": '<tool_call>{"name": "get_user", "arguments": {user_id: U-1}</tool_call>'},
-    {"role": "assistant", "content": "<tool_call>not json at all"},
-    "just a bare string, not a message",
-    {"role": "assistant", "content": ""},
-    {"role": "assistant", "content": None},
-    {},
-    {"role": "assistant", "content": '<tool_call>{"name": "get_user", "arguments": [1, 2]}</tool_call>'},
-    {"role": "assistant", "content": '<tool_call>{"name": "get_user", "arguments": "\\"U-1\\""}</tool_call>'},
-    {"role": "assistant", "content": '<tool_call>{"name": "get_user", "arguments": "{broken"}</tool_call>'},
-    {"role": "assistant", "content": '<tool_call>["get_user"]</tool_call>'},
-    {"role": "assistant", "content": None, "tool_calls": "garbage"},
-    {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "get_user", "arguments": 7}}]},
-    {"role": "assistant", "content": '{"name": "get_user", "arguments": {"user_id": 5}'},
-    42,
-    None,
-]
-
-
-@pytest.mark.parametrize(("toolset", "difficulty"), CASES)
-@pytest.mark.parametrize("bad", range(len(MALFORMED)))
-def test_malformed_output_scores_low_without_exceptions(toolset: str, difficulty: int, bad: int) -> None:
-    message = MALFORMED[bad]
-    instance = make(toolset, 11, difficulty)
-    episode = rollout(instance, lambda messages: message)
-    assert episode.reward <= 0.2
-    assert not episode.success
-    if isinstance(message, dict) and message.get("content"):
-        assert instance.events  # the parse problem is observable
-    # a malformed turn does not derail a policy that then does the right thing
-    instance = make(toolset, 11, difficulty)
-    solution = instance.solution()
-    reward, _, _ = play(instance, [message, *solution])
-    assert reward in (1.0, 0.0)  # a bare text ends the episode (0.0); a broken call is just answered
+# -- robustness ----------------------------------------------------------------------------------------------
 
 
 def test_malformed_call_is_answered_with_format_reminder() -> None:
+    unreadable = {"role": "assistant", "content": '<tool_call>{"name": "get_user", "arguments": {user_id: U-1}</tool_call>'}
+    not_an_object = {"role": "assistant", "content": '<tool_call>{"name": "get_user", "arguments": [1, 2]}</tool_call>'}
     instance = make("retail", 2, 1)
-    reward, replies, done = play(instance, [MALFORMED[0], *instance.solution()])
+    reward, replies, done = play(instance, [unreadable, *instance.solution()])
     assert replies[0]["role"] == "user" and "<tool_call>" in replies[0]["content"]
     assert reward == 1.0 and done
     instance = make("airline", 2, 1)
-    _, replies, done = play(instance, [MALFORMED[6]])
+    _, replies, done = play(instance, [not_an_object])
     assert replies[0]["role"] == "tool" and "JSON object" in orjson.loads(replies[0]["content"])["error"]
     assert not done
 
@@ -288,41 +210,22 @@ def test_malformed_call_is_answered_with_format_reminder() -> None:
 # -- the target's own format ---------------------------------------------------------------------------
 
 
-def tool_names(system_prompt: str) -> list[str]:
-    listing = system_prompt.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0]
-    return [json.loads(line)["name"] for line in listing.splitlines()]
+def test_instances_speak_with_the_family_instructions() -> None:
+    assert MultiStepCompletionInstance.instructions == SYSTEM_INSTRUCTIONS
 
 
-@pytest.mark.parametrize(("toolset", "difficulty"), CASES)
-def test_system_prompt_holds_exactly_the_targets_tools(toolset: str, difficulty: int) -> None:
-    other = "retail" if toolset == "airline" else "airline"
-    for seed in range(5):
-        messages = make(toolset, seed, difficulty).reset()
-        assert [message["role"] for message in messages] == ["system", "user"]
-        assert messages[0]["content"] == render_system_prompt(SYSTEM_INSTRUCTIONS, TOOLSETS[toolset])
-        assert tool_names(messages[0]["content"]) == [tool.name for tool in TOOLSETS[toolset]]
-        for tool in TOOLSETS[other]:
-            assert tool.name not in messages[0]["content"]
-        listing = messages[0]["content"].split("<tools>\n", 1)[1].split("\n</tools>", 1)[0].splitlines()
-        assert [json.loads(line) for line in listing] == [tool.to_openai()["function"] for tool in TOOLSETS[toolset]]
-
-
-def test_hint_is_one_line_naming_the_chain() -> None:
+def test_hint_names_the_chain() -> None:
     for toolset, difficulty in CASES:
         instance = make(toolset, 1, difficulty)
-        hint = instance.hint()
-        assert "\n" not in hint
         for step in instance.steps:
-            assert step.link.tool.name in hint
+            assert step.link.tool.name in instance.hint()
 
 
 def test_unusable_tool_sets() -> None:
     tools = load_tools([{"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}])
     assert FAMILY.unusable(tools)
-    assert FAMILY.unusable([])
     with pytest.raises(ValueError):
         FAMILY.instance(tools, 0, 1)
-    assert FAMILY.unusable(TOOLSETS["airline"]) is None and FAMILY.unusable(TOOLSETS["retail"]) is None
     # tools without a write still form a read-only chain; the outcome is a reference code
     reads = [tool for tool in TOOLSETS["airline"] if not is_write(tool)]
     instance = FAMILY.instance(reads, 4, 2)
@@ -333,35 +236,12 @@ def test_unusable_tool_sets() -> None:
 # -- determinism --------------------------------------------------------------------------------------------
 
 
-def transcript(toolset: str, seed: int, difficulty: int) -> str:
-    instance = make(toolset, seed, difficulty)
-    messages = instance.reset()
-    rewards = []
-    for message in instance.solution():
-        messages.append(message)
-        result = instance.step(message)
-        messages.extend(result.messages)
-        rewards.append(instance.reward())
-    return json.dumps({"messages": messages, "rewards": rewards, "hint": instance.hint()}, sort_keys=True)
-
-
-def test_transcript_is_identical_in_another_process() -> None:
-    jobs = [(toolset, seed, difficulty) for toolset, difficulty in CASES for seed in (0, 17, 123)]
-    script = (
-        "import json, sys\n"
-        "from tests.test_family_multi_step_completion import transcript\n"
-        f"print(json.dumps([transcript(*job) for job in {jobs!r}]))\n"
-    )
-    assert json.loads(run_in_another_process(script)) == [transcript(*job) for job in jobs]
-    assert re.search(r"CNF-\d{6}", transcript("airline", 0, 1))
-
-
 def test_tool_order_seen_earlier_does_not_change_an_instance() -> None:
     from trainer.families import multi_step_completion
 
-    expected = [transcript("retail", seed, 2) for seed in range(6)]
+    expected = [transcript(FAMILY, "retail", seed, 2) for seed in range(6)]
     multi_step_completion._CHAIN_CACHE.clear()
     reordered = list(reversed(TOOLSETS["retail"]))
     for seed in range(6):
         FAMILY.instance(reordered, seed, 2)
-    assert [transcript("retail", seed, 2) for seed in range(6)] == expected
+    assert [transcript(FAMILY, "retail", seed, 2) for seed in range(6)] == expected

@@ -1,26 +1,14 @@
-"""The structured_data_reasoning environment family: solvable, scored as documented, robust, deterministic."""
+"""The structured_data_reasoning environment family: solvable, scored as documented, robust (what every
+family promises is in ``test_family_contract``)."""
 
 from __future__ import annotations
 
-import json
 from decimal import Decimal
-from typing import Any
 
 import orjson
 import pytest
 
-from trainer.environment import (
-    Environment,
-    Message,
-    assistant_call,
-    assistant_text,
-    load_tools,
-    noop_policy,
-    random_policy,
-    render_system_prompt,
-    rollout,
-    solution_policy,
-)
+from trainer.environment import Message, assistant_call, assistant_text, load_tools, rollout, solution_policy
 from trainer.families.structured_data_reasoning import (
     SYSTEM_INSTRUCTIONS,
     StructuredDataReasoningFamily,
@@ -30,28 +18,15 @@ from trainer.families.structured_data_reasoning import (
 )
 from trainer.world import is_read
 
-from tests.family_support import TOOL_SETS, run_in_another_process
+from tests.family_support import TOOL_SETS, cases, play, solved
 
 TOOLSETS = TOOL_SETS
 FAMILY = StructuredDataReasoningFamily()
-CASES = [(toolset, difficulty) for toolset in TOOLSETS for difficulty in (1, 2)]
+CASES = cases(FAMILY)
 
 
 def make(toolset: str, seed: int, difficulty: int) -> StructuredDataReasoningInstance:
     return FAMILY.instance(TOOLSETS[toolset], seed, difficulty)
-
-
-def play(instance: StructuredDataReasoningInstance, messages: list[Any]) -> tuple[float, list[Message], bool]:
-    instance.reset()
-    replies: list[Message] = []
-    done = False
-    for message in messages:
-        result = instance.step(message)
-        replies.extend(result.messages)
-        done = result.done
-        if done:
-            break
-    return instance.reward(), replies, done
 
 
 def read_call(instance: StructuredDataReasoningInstance) -> Message:
@@ -77,11 +52,8 @@ def spoken_gold(instance: StructuredDataReasoningInstance, delta: Decimal = Deci
 @pytest.mark.parametrize(("toolset", "difficulty"), CASES)
 def test_solution_scores_one_on_200_seeds(toolset: str, difficulty: int) -> None:
     kinds = set()
-    for seed in range(200):
-        instance = make(toolset, seed, difficulty)
-        episode = rollout(instance, solution_policy(instance))
-        assert episode.reward == 1.0, (seed, episode.messages, episode.events)
-        assert episode.success and episode.events == []
+    for instance, episode in solved(FAMILY, toolset, difficulty):
+        assert episode.events == []
         kinds.add(instance.kind)
     expected = {"sum_price", "sum_count", "max_price", "min_price"} if difficulty == 1 else {"product", "count_price_above", "count_count_at_least"}
     assert kinds == expected
@@ -118,13 +90,8 @@ def test_gold_is_computed_from_the_records(toolset: str, difficulty: int) -> Non
             assert str(value) in instance.user_text  # the user states the read's arguments
 
 
-def test_rewards_are_documented() -> None:
-    doc = StructuredDataReasoningFamily.__doc__ or ""
-    for value in FAMILY.rewards.values():
-        assert str(value) in doc
+def test_rewards_are_the_documented_levels() -> None:
     assert FAMILY.rewards == {"correct_value": 1.0, "read_right_wrong_value": 0.5, "read_right_no_number": 0.3, "no_correct_read": 0.0}
-    assert FAMILY.levels == (1, 2) and FAMILY.capability == "structured_data_reasoning"
-    assert Environment(FAMILY, TOOLSETS["retail"], 1).spec()["rewards"] == FAMILY.rewards
 
 
 # -- documented partial behaviours --------------------------------------------------------------------
@@ -231,53 +198,14 @@ def test_money_formatting() -> None:
     assert money(123456) == "$1,234.56" and money(5) == "$0.05"
 
 
-# -- floors and robustness -------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(("toolset", "difficulty"), CASES)
-def test_noop_and_random_policies_score_low(toolset: str, difficulty: int) -> None:
-    noop = [rollout(make(toolset, seed, difficulty), noop_policy).reward for seed in range(50)]
-    random_ = [rollout(make(toolset, seed, difficulty), random_policy(seed)).reward for seed in range(50)]
-    assert sum(noop) / 50 < 0.3
-    assert sum(random_) / 50 < 0.3
-
-
-MALFORMED = [
-    {"role": "assistant", "content": '<tool_call>{"name": "find_order", "arguments": {order_number: O-1}</tool_call>'},
-    {"role": "assistant", "content": "<tool_call>not json at all"},
-    "just a bare string, not a message",
-    {"role": "assistant", "content": ""},
-    {"role": "assistant", "content": None},
-    {},
-    {"role": "assistant", "content": '<tool_call>{"name": "find_order", "arguments": [1, 2]}</tool_call>'},
-    {"role": "assistant", "content": '<tool_call>{"name": "get_user", "arguments": "\\"U-1\\""}</tool_call>'},
-    {"role": "assistant", "content": '<tool_call>{"name": "get_user", "arguments": "{broken"}</tool_call>'},
-    {"role": "assistant", "content": '<tool_call>["find_order"]</tool_call>'},
-    {"role": "assistant", "content": None, "tool_calls": "garbage"},
-    {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "find_order", "arguments": 7}}]},
-    {"role": "assistant", "content": '{"name": "find_order", "arguments": {"order_number": 5}'},
-    42,
-    None,
-]
-
-
-@pytest.mark.parametrize(("toolset", "difficulty"), CASES)
-@pytest.mark.parametrize("bad", range(len(MALFORMED)))
-def test_malformed_output_scores_low_without_exceptions(toolset: str, difficulty: int, bad: int) -> None:
-    message = MALFORMED[bad]
-    instance = make(toolset, 13, difficulty)
-    episode = rollout(instance, lambda messages: message)
-    assert episode.reward == 0.0
-    if isinstance(message, dict) and message.get("content"):
-        assert instance.events
-    instance = make(toolset, 13, difficulty)
-    reward, _, _ = play(instance, [message, *instance.solution()])
-    assert reward in (1.0, 0.0)
+# -- robustness ----------------------------------------------------------------------------------------------
 
 
 def test_malformed_call_is_answered_and_the_episode_goes_on() -> None:
+    unreadable = {"role": "assistant", "content": "<tool_call>not json at all"}
+    not_an_object = {"role": "assistant", "content": '<tool_call>{"name": "find_order", "arguments": [1, 2]}</tool_call>'}
     instance = make("retail", 2, 2)
-    reward, replies, done = play(instance, [MALFORMED[1], MALFORMED[6], *instance.solution()])
+    reward, replies, done = play(instance, [unreadable, not_an_object, *instance.solution()])
     assert replies[0]["role"] == "user" and "<tool_call>" in replies[0]["content"]
     assert replies[1]["role"] == "tool" and "JSON object" in orjson.loads(replies[1]["content"])["error"]
     assert reward == 1.0 and done
@@ -295,34 +223,19 @@ def test_other_tools_are_answered_without_credit() -> None:
 # -- the target's own format ---------------------------------------------------------------------------
 
 
-def tool_names(system_prompt: str) -> list[str]:
-    listing = system_prompt.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0]
-    return [json.loads(line)["name"] for line in listing.splitlines()]
+def test_instances_speak_with_the_family_instructions() -> None:
+    assert StructuredDataReasoningInstance.instructions == SYSTEM_INSTRUCTIONS
 
 
-@pytest.mark.parametrize(("toolset", "difficulty"), CASES)
-def test_system_prompt_holds_exactly_the_targets_tools(toolset: str, difficulty: int) -> None:
-    other = "retail" if toolset == "airline" else "airline"
-    for seed in range(5):
-        messages = make(toolset, seed, difficulty).reset()
-        assert [message["role"] for message in messages] == ["system", "user"]
-        assert messages[0]["content"] == render_system_prompt(SYSTEM_INSTRUCTIONS, TOOLSETS[toolset])
-        assert tool_names(messages[0]["content"]) == [tool.name for tool in TOOLSETS[toolset]]
-        for tool in TOOLSETS[other]:
-            assert tool.name not in messages[0]["content"]
-        listing = messages[0]["content"].split("<tools>\n", 1)[1].split("\n</tools>", 1)[0].splitlines()
-        assert [json.loads(line) for line in listing] == [tool.to_openai()["function"] for tool in TOOLSETS[toolset]]
-
-
-def test_hint_is_one_line() -> None:
+def test_hint_names_the_read() -> None:
     for toolset, difficulty in CASES:
         instance = make(toolset, 1, difficulty)
-        assert "\n" not in instance.hint() and instance.target.name in instance.hint()
+        assert instance.target.name in instance.hint()
 
 
 def test_unusable_tool_sets() -> None:
     writes_only = load_tools([{"name": "cancel_order", "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}}}])
-    assert FAMILY.unusable(writes_only) and FAMILY.unusable([])
+    assert FAMILY.unusable(writes_only)
     with pytest.raises(ValueError):
         FAMILY.instance(writes_only, 0, 1)
     generic = load_tools([{"name": "get_invoice", "parameters": {"type": "object", "properties": {"invoice_id": {"type": "string"}}, "required": ["invoice_id"]}}])
@@ -330,28 +243,3 @@ def test_unusable_tool_sets() -> None:
         instance = FAMILY.instance(generic, seed, 2)
         assert rollout(instance, solution_policy(instance)).reward == 1.0
     assert instance.scheme.list_key == "invoices"
-
-
-# -- determinism --------------------------------------------------------------------------------------------
-
-
-def transcript(toolset: str, seed: int, difficulty: int) -> str:
-    instance = make(toolset, seed, difficulty)
-    messages = instance.reset()
-    rewards = []
-    for message in instance.solution():
-        messages.append(message)
-        result = instance.step(message)
-        messages.extend(result.messages)
-        rewards.append(instance.reward())
-    return json.dumps({"messages": messages, "rewards": rewards, "hint": instance.hint()}, sort_keys=True)
-
-
-def test_transcript_is_identical_in_another_process() -> None:
-    jobs = [(toolset, seed, difficulty) for toolset, difficulty in CASES for seed in (0, 17, 123)]
-    script = (
-        "import json\n"
-        "from tests.test_family_structured_data_reasoning import transcript\n"
-        f"print(json.dumps([transcript(*job) for job in {jobs!r}]))\n"
-    )
-    assert json.loads(run_in_another_process(script)) == [transcript(*job) for job in jobs]

@@ -179,7 +179,7 @@ class ToolCallPrecisionInstance(ToolUseInstance):
         return rewards["exact_call"]
 
     def _read(self, assistant: Message) -> ParsedTurn:
-        """The turn, read; its first call attempt of the episode is the one scored."""
+        """The turn's calls and text; the episode's first call attempt (the only one scored) gets its score here."""
         parsed = super()._read(assistant)
         attempts = call_attempts(parsed)
         if attempts and self.outcome is None:
