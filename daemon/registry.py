@@ -102,6 +102,29 @@ class Registry:
                 [run["capability"], run["version"], run["run_id"], run["environment_id"], path, manifest_sha256, orjson.dumps(evaluation).decode()],
             ).fetchall()[0][0]
 
+    def replay_cases(self, capability: str, limit: int = 20) -> list[dict[str, Any]]:
+        """The openings (first system and user message) of failed trajectories labelled LACKING for
+        the capability: what the evaluation replays against base and adapter."""
+        ids = [
+            row["trajectory_id"]
+            for row in self.store.query(
+                "SELECT DISTINCT l.trajectory_id FROM labels l JOIN trajectory_outcomes o USING (trajectory_id) "
+                "WHERE l.capability = ? AND l.label = 'LACKING' AND o.outcome = 'failure' ORDER BY l.trajectory_id LIMIT ?",
+                [capability, limit],
+            )
+        ]
+        if not ids:
+            return []
+        openings: dict[str, dict[str, Any]] = {}
+        for row in self.store.query(
+            "SELECT trajectory_id, role, content FROM messages WHERE list_contains(?, trajectory_id) "
+            "AND role IN ('system', 'user') ORDER BY trajectory_id, position",
+            [ids],
+        ):
+            case = openings.setdefault(row["trajectory_id"], {"trajectory_id": row["trajectory_id"]})
+            case.setdefault(row["role"], row["content"])
+        return [case for case in openings.values() if case.get("user")]
+
     # -- reads ---------------------------------------------------------------------------------
 
     def environment(self, environment_id: int) -> dict[str, Any] | None:

@@ -88,6 +88,7 @@ class TrainingRunner:
             "difficulty": validation.get("difficulty", environment["difficulty"]) if validated else environment["difficulty"],
             "tools": environment["tools"],
             "training": run["config"],
+            "replay": self.registry.replay_cases(run["capability"]),
             **job_settings(self.settings),
         }
 

@@ -55,7 +55,7 @@ def test_a_planted_gap_ends_as_a_verified_candidate_adapter_with_no_manual_step(
     try:
         send(generate(300, seed=11, failure_rate=0.4, gaps="precondition_verification=0.7:0.05"),
              daemon.http_url, "http/protobuf", "log")  # fmt: skip
-        deadline = time.monotonic() + 150
+        deadline = time.monotonic() + 300
         runs: list[dict] = []
         while time.monotonic() < deadline:
             runs = daemon.get("/api/runs")["items"]
@@ -75,6 +75,9 @@ def test_a_planted_gap_ends_as_a_verified_candidate_adapter_with_no_manual_step(
     assert [record["step"] for record in run["progress"]] == [1]
     assert {"mean_reward", "success_rate", "zero_variance_groups", "loss", "elapsed_s"} <= set(run["progress"][0])
     target = run["result"]["evaluation"]["target"]
+    replayed = run["result"]["evaluation"]["replay"]
+    assert replayed["cases"] > 0 and len(replayed["items"]) == replayed["cases"]
+    assert {item["base"] for item in replayed["items"]} <= {"NA", "PRESENT", "LACKING"}
     assert target["base"]["seeds"] == 3 and len(target["adapter"]["success_interval"]) == 2
     # One adapter row, version 1, whose files verify against the base model they were trained on.
     assert [(item["capability"], item["version"], item["state"]) for item in adapters] == [("precondition_verification", 1, "candidate")]

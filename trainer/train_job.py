@@ -27,6 +27,7 @@ from trainer.evaluation import compare
 from trainer.families import load_families
 from trainer.grpo import TrainConfig, train
 from trainer.model import ModelUnavailable
+from trainer.replay import replay
 from trainer.rollouts import Sampling
 from trainer.jobs import RequestError, exit_with_parent, limit_memory, read_request, write_atomically
 
@@ -60,6 +61,7 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
     seeds = range(evaluation["seeds"])
     sampling = Sampling(config.max_new_tokens, 0.0, max_length=config.max_length)
     verdict = compare(model, model, tokenizer, environment, others, seeds, sampling, evaluation["margin"])
+    verdict["replay"] = replay(model, tokenizer, request["capability"], request.get("replay") or [], tools, sampling)
     result: dict[str, Any] = {
         "run_id": request["run_id"],
         "capability": request["capability"],
