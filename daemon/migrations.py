@@ -341,4 +341,25 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    Migration(
+        7,
+        "adapter lifecycle and audit log",
+        """
+        ALTER TABLE adapters ADD COLUMN state_reason VARCHAR;
+        ALTER TABLE adapters ADD COLUMN last_error VARCHAR;  -- why the router did not take it (retried)
+        ALTER TABLE adapters ADD COLUMN updated_at TIMESTAMPTZ;
+        CREATE SEQUENCE audit_ids;
+        CREATE TABLE audit_log (
+            audit_id BIGINT PRIMARY KEY DEFAULT nextval('audit_ids'),
+            decided_at TIMESTAMPTZ NOT NULL,
+            actor VARCHAR NOT NULL,  -- the token's name, or the daemon job that decided
+            action VARCHAR NOT NULL,
+            adapter_id BIGINT NOT NULL,
+            capability VARCHAR NOT NULL,
+            from_state VARCHAR NOT NULL,
+            to_state VARCHAR NOT NULL,
+            reason VARCHAR NOT NULL
+        );
+        """,
+    ),
 )
