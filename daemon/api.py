@@ -5,10 +5,9 @@ Reads are open on the loopback interface; every mutating call needs `Authorizati
 
 from __future__ import annotations
 
-import os
-import secrets
 import time
 import uuid
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -19,7 +18,9 @@ from pydantic import BaseModel, Field
 
 from daemon import metrics
 from daemon.settings import Settings
-from daemon.auth import bearer_matches
+from daemon.auth import bearer_matches, stored_token
+from daemon.promotion import IllegalTransition, NotFound
+from daemon.router_client import RouterError
 from daemon.registry import read_progress
 
 if TYPE_CHECKING:
@@ -31,19 +32,7 @@ TOKEN_FILE = "api.token"
 
 def api_token(settings: Settings, create: bool = False) -> str:
     """The API token: from config, else from <store dir>/api.token (created by the daemon, mode 0600)."""
-    if settings.api.token:
-        return settings.api.token
-    path = Path(settings.store.path).parent / TOKEN_FILE
-    if path.exists():
-        return path.read_text().strip()
-    if not create:
-        return ""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(24)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(token + "\n")
-    return token
+    return stored_token(settings.api.token, Path(settings.store.path).parent / TOKEN_FILE, create)
 
 
 class Feedback(BaseModel):
@@ -58,6 +47,10 @@ class TrainRequest(BaseModel):
     reason: str | None = Field(default=None, max_length=2_000)
 
 
+class Decide(BaseModel):
+    reason: str = Field(default="", max_length=2_000, description="Why; required to reject or roll back.")
+
+
 class Relabel(BaseModel):
     capability: str | None = None
 
@@ -68,10 +61,15 @@ class Discover(BaseModel):
 
 
 def authorized(request: Request) -> str:
-    """The caller's name, for mutating calls; 401 without the right bearer token."""
-    if not bearer_matches(request.headers.get("authorization", ""), request.app.state.api_token):
-        raise HTTPException(401, "missing or wrong bearer token (see [api] token or <store dir>/api.token)")
-    return "api-token"
+    """The caller's name, for mutating calls ("admin" for the main token, else the name of the
+    [api.tokens] entry); 401 without a right bearer token."""
+    header = request.headers.get("authorization", "")
+    if bearer_matches(header, request.app.state.api_token):
+        return "admin"
+    for name, token in request.app.state.named_tokens.items():
+        if token and bearer_matches(header, token):
+            return name
+    raise HTTPException(401, "missing or wrong bearer token (see [api] token or <store dir>/api.token)")
 
 
 Caller = Annotated[str, Depends(authorized)]
@@ -83,6 +81,7 @@ def create_api(daemon: Daemon) -> FastAPI:
     """The FastAPI application of one running daemon."""
     api = FastAPI(title="tracefix daemon", version=VERSION)
     api.state.api_token = api_token(daemon.settings, create=True)
+    api.state.named_tokens = dict(daemon.settings.api.tokens)
     max_page = daemon.settings.api.max_page
 
     @api.get("/healthz")
@@ -195,6 +194,39 @@ def create_api(daemon: Daemon) -> FastAPI:
         if item is None:
             raise HTTPException(404, f"no adapter {adapter_id}")
         return item
+
+    def decided(call: Any) -> dict[str, Any]:
+        try:
+            decisions = call()
+        except NotFound as error:
+            raise HTTPException(404, str(error)) from None
+        except IllegalTransition as error:
+            raise HTTPException(409, str(error)) from None
+        except RouterError as error:
+            raise HTTPException(502, str(error)) from None
+        except ValueError as error:
+            raise HTTPException(422, str(error)) from None
+        decisions = decisions if isinstance(decisions, list) else [decisions]
+        return {"decisions": [asdict(decision) for decision in decisions]}
+
+    @api.post("/api/adapters/{adapter_id}/approve")
+    def approve(adapter_id: int, caller: Caller, body: Decide | None = None) -> dict[str, Any]:
+        """Approve a candidate; the promote job loads it into the router and makes it live."""
+        return decided(lambda: daemon.promotion.approve(adapter_id, caller, body.reason if body else ""))
+
+    @api.post("/api/adapters/{adapter_id}/reject")
+    def reject(adapter_id: int, body: Decide, caller: Caller) -> dict[str, Any]:
+        return decided(lambda: daemon.promotion.reject(adapter_id, caller, body.reason))
+
+    @api.post("/api/adapters/{adapter_id}/rollback")
+    def rollback(adapter_id: int, body: Decide, caller: Caller) -> dict[str, Any]:
+        """Take a live version out of service; the version it replaced goes live again."""
+        return decided(lambda: daemon.promotion.rollback(adapter_id, caller, body.reason, daemon.router_admin))
+
+    @api.get("/api/audit")
+    def audit(adapter_id: int | None = None, limit: Limit = 200) -> dict[str, Any]:
+        """Every human and automatic decision about adapters: who, when, what, why."""
+        return {"items": daemon.promotion.audit(adapter_id, min(limit, daemon.settings.api.max_page))}
 
     @api.post("/api/relabel", status_code=202)
     def relabel(caller: Caller, body: Relabel | None = None) -> dict[str, Any]:

@@ -3,9 +3,29 @@
 from __future__ import annotations
 
 import hmac
+import os
+import secrets
+from pathlib import Path
 
 
 def bearer_matches(header: str, token: str) -> bool:
     """Whether an ``Authorization`` header value carries ``Bearer <token>`` (compared in constant time)."""
     scheme, _, credentials = header.partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(credentials.strip(), token)
+
+
+def stored_token(configured: str, path: Path, create: bool = False) -> str:
+    """A bearer token: the configured one, else the one kept in ``path`` (created with mode 0600 by
+    the process that serves it, read by its clients); empty when neither exists and not creating."""
+    if configured:
+        return configured
+    if path.exists():
+        return path.read_text().strip()
+    if not create:
+        return ""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(24)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(token + "\n")
+    return token

@@ -58,6 +58,22 @@ def daemon(config_path: Path | None) -> None:
     _serve(config_path)
 
 
+@main.command(name="router")
+@config_option
+def router_(config_path: Path | None) -> None:
+    """Run the router in the foreground: the OpenAI-compatible API serving the base model and the live adapters."""
+    from router.routing import RoutingError
+    from router.server import serve
+    from trainer.model import ModelUnavailable
+
+    settings = _settings(config_path)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        serve(settings)
+    except (ConfigError, RoutingError, ModelUnavailable, OSError) as error:
+        raise click.ClickException(str(error)) from None
+
+
 @main.command()
 @config_option
 def up(config_path: Path | None) -> None:

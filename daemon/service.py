@@ -26,7 +26,9 @@ from daemon.settings import Settings
 from daemon.store import AnalysisStore, Store
 from daemon.synthesis import Synthesizer
 from daemon.trigger import HEALTHY, Trigger
+from daemon.promotion import Promotion
 from daemon.registry import Registry
+from daemon.router_client import RouterAdmin
 from daemon.training_job import TrainingRunner
 from daemon.validation_job import Validator
 from daemon.writer import BatchedWriter
@@ -86,6 +88,8 @@ class Daemon:
         self.validator = Validator(self.analysis_store, settings)
         self.adapter_registry = Registry(self.store)
         self.training = TrainingRunner(self.analysis_store, self.adapter_registry, settings)
+        self.promotion = Promotion(self.store)
+        self.router_admin = RouterAdmin(settings)
         self.last_analysis: dict[str, Any] | None = None
         self.http_receiver = HttpReceiver(self.ingestor, collector.max_body_bytes, collector.token)
         self.grpc_receiver: GrpcReceiver | None = None
@@ -120,6 +124,12 @@ class Daemon:
                 function()
 
         return run
+
+    def _promote(self) -> None:
+        """Approved adapters go live in the router; the router serves exactly the registry's live set."""
+        self.promotion.promote_pass(self.router_admin)
+        if self.promotion.in_state("live"):
+            self.promotion.reconcile(self.router_admin)
 
     def _assemble(self) -> None:
         # Ingest first: while exporters are sending, assemble in small passes so no pass holds
@@ -252,6 +262,12 @@ class Daemon:
                 seconds=self.settings.analysis.interval_s,
                 id="train",
                 max_instances=2,
+            )
+            self.scheduler.add_job(
+                self._job("promote", self._promote),
+                "interval",
+                seconds=self.settings.analysis.interval_s,
+                id="promote",
             )
             self.scheduler.add_job(
                 self._job("retention", self._retention),

@@ -130,6 +130,10 @@ class ApiSettings(Section):
         "", description="Bearer token for mutating API calls; when empty one is generated into <store dir>/api.token."
     )
     max_page: int = Field(500, ge=1, description="Largest page a list endpoint returns.")
+    tokens: dict[str, str] = Field(
+        default_factory=dict,
+        description="More bearer tokens by person or system name ([api.tokens] alice = \"...\"); the audit log records the name.",
+    )
 
 
 class ModelSettings(Section):

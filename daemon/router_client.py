@@ -1,0 +1,63 @@
+"""The daemon's side of the router's admin API: load and unload adapter versions, read what it
+serves. Errors are raised with the router's own message so promotion can show them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from daemon.auth import stored_token
+from daemon.settings import Settings
+
+ROUTER_TOKEN_FILE = "router.token"
+
+
+class RouterError(RuntimeError):
+    pass
+
+
+class RouterAdmin:
+    def __init__(self, settings: Settings, timeout_s: float = 60.0) -> None:
+        router = settings.router
+        host = "127.0.0.1" if router.host in ("0.0.0.0", "::") else router.host
+        self.base_url = f"http://{host}:{router.port}"
+        self.token_path = Path(settings.store.path).parent / ROUTER_TOKEN_FILE
+        self.configured = router.token
+        self.timeout_s = timeout_s
+
+    def _call(self, method: str, path: str, **kwargs: object) -> httpx.Response:
+        token = stored_token(self.configured, self.token_path)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        try:
+            return httpx.request(method, f"{self.base_url}{path}", headers=headers, timeout=self.timeout_s, **kwargs)  # type: ignore[arg-type]
+        except httpx.HTTPError as error:
+            raise RouterError(f"router at {self.base_url} unreachable: {error}") from None
+
+    @staticmethod
+    def _message(response: httpx.Response) -> str:
+        try:
+            return response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            return response.text[:300]
+
+    def load(self, name: str, capability: str, version: int, path: str, description: str) -> None:
+        """Load ``<capability>@v<version>``; already serving it counts as loaded (never reloaded)."""
+        body = {"capability": capability, "version": version, "path": path, "description": description}
+        response = self._call("POST", "/admin/adapters", json=body)
+        if response.status_code == 409 or response.is_success:
+            return
+        raise RouterError(f"router refused {name} ({response.status_code}): {self._message(response)}")
+
+    def unload(self, name: str) -> None:
+        response = self._call("DELETE", f"/admin/adapters/{name}")
+        if response.status_code == 404 or response.is_success:
+            return
+        raise RouterError(f"router did not unload {name} ({response.status_code}): {self._message(response)}")
+
+    def live(self) -> set[str]:
+        """The adapter versions the router serves (its /v1/models, less the base model)."""
+        response = self._call("GET", "/v1/models")
+        if not response.is_success:
+            raise RouterError(f"router /v1/models answered {response.status_code}")
+        return {item["id"] for item in response.json()["data"] if "@v" in item["id"]}
