@@ -167,3 +167,25 @@ def daemon(tmp_path: Path) -> Iterator[RunningDaemon]:
     running = make_daemon(tmp_path).start()
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer() -> Any:
+    """SmolLM2's real tokenizer, read from the embedded GGUF file (no hub)."""
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    from trainer.model import embedded_gguf
+
+    gguf = embedded_gguf()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer: Any) -> Path:
+    """A 2-layer random Llama directory with SmolLM2's tokenizer: real model code paths in seconds.
+    Shared by the whole session, so tests only read it."""
+    from trainer.model import tiny_random_model
+
+    return tiny_random_model(tmp_path_factory.mktemp("tiny"), smollm2_tokenizer)
+

@@ -21,19 +21,14 @@ pytest.importorskip("peft")
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict  # noqa: E402
 
 from trainer import adapters  # noqa: E402
-from trainer import model as models  # noqa: E402
 from trainer.adapters import AdapterRejected  # noqa: E402
 
 INPUT_IDS = torch.tensor([[1, 17, 256, 4096, 30000, 2]])
 
 
 @pytest.fixture(scope="module")
-def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import AutoTokenizer
-
-    gguf = models.embedded_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    return models.tiny_random_model(tmp_path_factory.mktemp("base"), tokenizer)
+def base_dir(tiny_model: Path) -> Path:
+    return tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,13 +30,9 @@ LETTER = Environment(LetterFamily(), [], 1)
 
 
 @pytest.fixture(scope="module")
-def peaked(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def peaked(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer: object) -> Path:
     """A tiny random model whose next-token distribution is peaked enough to be steered."""
-    from transformers import AutoTokenizer
-
-    gguf = models.embedded_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    yield models.tiny_random_model(tmp_path_factory.mktemp("peaked"), tokenizer, initializer_range=1.0)
+    return models.tiny_random_model(tmp_path_factory.mktemp("peaked"), smollm2_tokenizer, initializer_range=1.0)
 
 
 def test_advantages_are_group_normalised_by_hand() -> None:
@@ -70,11 +65,8 @@ def test_trl_trains_on_our_rewards_masks_and_plain_prompts(peaked: Path, tmp_pat
         assert batch["tool_mask"][row][:width].tolist() == item.env_mask
 
 
-def test_environment_tokens_are_masked_token_by_token() -> None:
-    from transformers import AutoTokenizer
-
-    gguf = models.embedded_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+def test_environment_tokens_are_masked_token_by_token(smollm2_tokenizer: object) -> None:
+    tokenizer = smollm2_tokenizer
     family = load_families()["precondition_verification"]
     instance = Environment(family, TOOLS).instance(3)
     layout = demonstration(tokenizer, instance)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,13 +21,8 @@ TOOLS = load_tools(json.loads((Path(__file__).parent / "fixtures" / "tools" / "r
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, object]]:
-    from transformers import AutoTokenizer
-
-    gguf = models.embedded_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    directory = models.tiny_random_model(tmp_path_factory.mktemp("tiny"), tokenizer)
-    yield models.load(str(directory), tmp_path_factory.mktemp("cache"))
+def tiny(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> tuple[object, object]:
+    return models.load(str(tiny_model), tmp_path_factory.mktemp("cache"))
 
 
 def test_a_model_directory_that_is_not_a_model_is_a_clear_error(tmp_path: Path) -> None:

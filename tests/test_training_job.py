@@ -22,7 +22,6 @@ from daemon.store import AnalysisStore, Store  # noqa: E402
 from daemon.training_job import TrainingRunner  # noqa: E402
 from examples.traffic import generate, send  # noqa: E402
 from tests.conftest import REPO, make_daemon  # noqa: E402
-from trainer import model as models  # noqa: E402
 from trainer.adapters import base_model_hash, verify_adapter  # noqa: E402
 from trainer.environment import Environment, load_tools  # noqa: E402
 from trainer.families import load_families  # noqa: E402
@@ -33,15 +32,6 @@ TINY_TRAINING = {
     "steps": 1, "group_size": 2, "groups_per_step": 1, "warm_start_examples": 2, "warm_start_epochs": 1,
     "eval_seeds": 3, "eval_margin": 0.0, "eval_interference": False, "save_steps": 1,
 }  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import AutoTokenizer
-
-    gguf = models.embedded_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    return models.tiny_random_model(tmp_path_factory.mktemp("tiny"), tokenizer)
 
 
 def test_a_planted_gap_ends_as_a_verified_candidate_adapter_with_no_manual_step(tmp_path: Path, tiny_model: Path) -> None:

@@ -27,7 +27,6 @@ from daemon.store import AnalysisStore, Store  # noqa: E402
 from daemon.validation_job import Validator  # noqa: E402
 from examples.traffic import generate, send  # noqa: E402
 from tests.conftest import REPO, make_daemon  # noqa: E402
-from trainer import model as models  # noqa: E402
 from trainer.environment import Environment, load_tools  # noqa: E402
 from trainer.families import load_families  # noqa: E402
 
@@ -35,15 +34,6 @@ RETAIL = REPO / "tests" / "fixtures" / "tools" / "retail.json"
 DEFINITIONS = json.loads(RETAIL.read_text())
 FAMILY = load_families()["tool_call_precision"]
 TINY_GATE = {"seeds": 3, "group_size": 2}
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import AutoTokenizer
-
-    gguf = models.embedded_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    return models.tiny_random_model(tmp_path_factory.mktemp("tiny"), tokenizer)
 
 
 @pytest.fixture
