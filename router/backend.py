@@ -1,0 +1,424 @@
+"""The embedded backend: one frozen base model in process (transformers + peft, CPU), any number of
+LoRA adapters attached to it under versioned names, and one generation thread that serves them all.
+
+Why one thread: PEFT's adapter state lives on the shared model, so two threads generating with
+different adapters would corrupt each other. Instead the generation thread takes waiting requests
+in arrival order, up to ``max_batch`` sequences, and decodes them together, whatever adapter each
+uses: PEFT applies a different adapter to each row of a batch (``adapter_names``), so requests for
+different adapters share one forward pass instead of waiting for each other. A batch runs until
+its last sequence ends; requests arriving meanwhile wait for the next one.
+
+Requests routed by the token-level gate (``router.gate``) are batched only with each other: the
+gate replaces the LoRA layers' forward for the whole model, so it is installed for gate batches and
+removed before anything else runs.
+
+Every generated token is pushed to its request's sink at once; the HTTP side drains its own queue,
+so a slow client never holds up the batch. Loading and unloading adapters take the same lock as a
+decode step, so the model never changes under a forward pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from daemon.settings import Settings
+from trainer import adapters
+from trainer import model as models
+
+log = logging.getLogger(__name__)
+
+PEFT_BASE = "__base__"  # PEFT's name for "no adapter" in a mixed batch
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How one request samples; ``temperature`` 0 is greedy."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """New text of one choice."""
+
+    choice: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """One choice ended: ``reason`` is "stop" (end of turn or a stop string) or "length"."""
+
+    choice: int
+    reason: str
+    text: str
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """Generation failed for the whole request."""
+
+    message: str
+
+
+Event = Delta | Finished | Failed
+
+
+@dataclass(frozen=True, slots=True)
+class GateSpec:
+    """Trained gate weights and the adapters they mix, in slot order."""
+
+    path: Path
+    adapters: tuple[str, ...]
+
+
+@dataclass(eq=False)
+class Generation:
+    """One chat completion request as the generation thread sees it: ``adapter`` is an adapter name
+    or None for the base model; with ``gate`` set, the gate mixes its adapters token by token."""
+
+    prompt: list[int]
+    adapter: str | None
+    sampling: Sampling
+    n: int
+    emit: Callable[[Event], None]
+    gate: GateSpec | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(slots=True)
+class _Row:
+    """One sequence of a batch: a choice of a request."""
+
+    generation: Generation
+    choice: int
+    generator: Any
+    tokens: list[int] = field(default_factory=list)
+    sent: int = 0
+    finished: bool = False
+
+
+class AdapterConflict(ValueError):
+    """An adapter name is already loaded; versions are immutable, so load under a new version."""
+
+
+class EmbeddedBackend:
+    """The base model, its loaded adapters and the generation thread."""
+
+    def __init__(
+        self, model: str, cache_dir: Path, max_batch: int = 8, max_context_tokens: int = 8192, threads: int = 0
+    ) -> None:
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.model_dir = models.resolve(model, Path(cache_dir))
+        self.model, self.tokenizer = models.load(str(self.model_dir), Path(cache_dir))
+        self.base_hash = adapters.base_model_hash(self.model_dir)
+        self.max_batch = max_batch
+        positions = getattr(self.model.config, "max_position_embeddings", None) or max_context_tokens
+        self.context_tokens = min(max_context_tokens, positions)
+        eos = self.model.generation_config.eos_token_id
+        self.end_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
+        self.pad_id = self.tokenizer.pad_token_id
+        self.loaded: dict[str, Path] = {}
+        self._lock = threading.Lock()  # held by every forward pass and every change of the model
+        self._gate: Any = None  # the installed router.gate.GatedExperts, for `_gate_spec`
+        self._gate_spec: GateSpec | None = None
+        self._pending: deque[Generation] = deque()
+        self._ready = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._serve, name="generation", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EmbeddedBackend:
+        """The backend for a tracefix configuration: its [model] and [router] sections."""
+        cache_dir = settings.model.cache_dir or Path(settings.store.path).parent / "models"
+        router = settings.router
+        return cls(settings.model.name, cache_dir, router.max_batch, router.max_context_tokens, settings.model.threads)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # -- adapters ---------------------------------------------------------------------------------
+
+    def load(self, name: str, directory: Path) -> None:
+        """Verify the adapter against this base model and attach it as `name`. A damaged or foreign
+        adapter raises `AdapterRejected` and leaves everything as it was."""
+        if name in self.loaded:
+            raise AdapterConflict(f"{name} is already loaded; load the new weights under a new version")
+        adapters.verify_adapter(directory, self.base_hash)  # refused without stalling generation
+        with self._lock:
+            self._use_gate(None)
+            try:
+                # Verifies again: the weights attached are the ones checked, even if the files changed.
+                self.model = adapters.load_adapter(self.model, directory, name, self.base_hash)
+            except adapters.AdapterRejected:
+                raise
+            except Exception as error:  # PEFT refused the weights (wrong shapes, missing modules)
+                self._discard(name)
+                raise adapters.AdapterRejected(f"{directory} does not fit the base model: {error}") from error
+            self.loaded[name] = Path(directory)
+
+    def unload(self, name: str) -> None:
+        """Detach an adapter; the caller guarantees no request is using it."""
+        with self._lock:
+            if self.loaded.pop(name, None) is not None:
+                self._use_gate(None)
+                self._discard(name)
+
+    def _discard(self, name: str) -> None:
+        from peft import PeftModel
+
+        if not isinstance(self.model, PeftModel) or name not in self.model.peft_config:
+            return
+        if len(self.model.peft_config) == 1:
+            # PEFT cannot delete its last adapter; removing the LoRA layers gives the plain base back.
+            self.model = self.model.unload()
+            return
+        if self.model.active_adapter == name:
+            # Requests name their adapter per row, so which one is "active" only matters to PEFT,
+            # which warns when it has to pick another itself.
+            other = next(other for other in self.model.peft_config if other != name)
+            self.model.set_adapter(other, inference_mode=True)
+        self.model.delete_adapter(name)
+
+    def check_gate(self, gate: GateSpec) -> None:
+        """Install the gate now, so weights that do not fit these adapters are refused before any
+        request depends on them (`ValueError` with the reason)."""
+        with self._lock:
+            self._use_gate(gate)
+
+    def _use_gate(self, gate: GateSpec | None) -> None:
+        """Make `gate` (or no gate) the one installed; the model lock is held."""
+        if self._gate is not None and self._gate_spec != gate:
+            self._gate.remove()
+            self._gate, self._gate_spec = None, None
+        if gate is not None and self._gate is None:
+            from router.gate import GatedExperts
+
+            gated = GatedExperts(self.model, list(gate.adapters))
+            try:
+                gated.load(gate.path)
+            except Exception:
+                gated.remove()
+                raise
+            self._gate, self._gate_spec = gated, gate
+
+    # -- prompts ----------------------------------------------------------------------------------
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Token ids of a conversation in the model's chat template, ending with the assistant prompt."""
+        from jinja2 import TemplateError
+
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except TemplateError as error:
+            raise ValueError(f"the model's chat template refused the messages: {error}") from None
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def token_id(self, text: str) -> int:
+        """The first token of `text`, as the model would write it at the start of its answer."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not ids:
+            raise ValueError(f"{text!r} has no tokens")
+        return ids[0]
+
+    def next_token_logits(self, prompt: list[int]) -> Any:
+        """The base model's next-token logits after `prompt` (adapters off), as a 1-D tensor."""
+        import torch
+
+        with self._lock, torch.no_grad():
+            self._use_gate(None)
+            output = self.model(input_ids=torch.tensor([prompt]), logits_to_keep=1, **self._adapter_arguments([None]))
+        return output.logits[0, -1].float()
+
+    # -- generation -------------------------------------------------------------------------------
+
+    def submit(self, generation: Generation) -> None:
+        """Queue a request; its events arrive through ``generation.emit`` from the generation thread."""
+        if generation.n > self.max_batch:
+            raise ValueError(f"n={generation.n} is more than the {self.max_batch} sequences of a batch")
+        with self._ready:
+            if self._stopping:
+                raise RuntimeError("the router is shutting down")
+            self._pending.append(generation)
+            self._ready.notify()
+
+    def stop(self) -> None:
+        """Finish the running batch, fail what still waits, and end the generation thread."""
+        with self._ready:
+            self._stopping = True
+            waiting = list(self._pending)
+            self._pending.clear()
+            self._ready.notify()
+        for generation in waiting:
+            _emit(generation, Failed("the router is shutting down"))
+        self._thread.join(timeout=30)
+
+    def _next_batch(self) -> list[Generation]:
+        with self._ready:
+            while not self._pending and not self._stopping:
+                self._ready.wait()
+            if self._stopping:
+                return []
+            first = self._pending.popleft()
+            batch, rows = [first], first.n
+            for generation in list(self._pending):
+                if rows + generation.n > self.max_batch:
+                    break
+                if generation.gate == first.gate:
+                    self._pending.remove(generation)
+                    batch.append(generation)
+                    rows += generation.n
+            return batch
+
+    def _serve(self) -> None:
+        while batch := self._next_batch():
+            try:
+                self._generate(batch)
+            except Exception as error:  # a failing batch fails its requests, never the thread
+                log.exception("generation failed")
+                for generation in batch:
+                    _emit(generation, Failed(f"generation failed: {error}"))
+
+    def _adapter_arguments(self, adapters_of_rows: Sequence[str | None]) -> dict[str, Any]:
+        from peft import PeftModel
+
+        if not isinstance(self.model, PeftModel):
+            return {}
+        return {"adapter_names": [name or PEFT_BASE for name in adapters_of_rows]}
+
+    def _generate(self, batch: list[Generation]) -> None:
+        import torch
+
+        rows = [
+            _Row(generation, choice, _generator(generation.sampling.seed, choice))
+            for generation in batch
+            for choice in range(generation.n)
+        ]
+        # Left padding: every row's next token sits in the last column; positions skip the padding.
+        width = max(len(row.generation.prompt) for row in rows)
+        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for index, row in enumerate(rows):
+            prompt = row.generation.prompt
+            input_ids[index, width - len(prompt) :] = torch.tensor(prompt)
+            mask[index, width - len(prompt) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = None
+        gate = batch[0].gate
+        steps = max(generation.sampling.max_tokens for generation in batch)
+        for _ in range(steps):
+            if self._stopping:  # shutting down: what is left of the batch ends now
+                for generation in {row.generation for row in rows if not row.finished}:
+                    _emit(generation, Failed("the router is shutting down"))
+                return
+            with self._lock, torch.no_grad():
+                # Both per step: an adapter load between steps removes the gate, and the first load
+                # wraps the model in PEFT, which then needs per-row adapter names.
+                self._use_gate(gate)
+                chosen = {} if gate else self._adapter_arguments([row.generation.adapter for row in rows])
+                output = self.model(
+                    input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
+                    use_cache=True, logits_to_keep=1, **chosen,
+                )  # fmt: skip
+            cache = output.cache
+            sampled = _sample(output.logits[:, -1].float(), rows)
+            next_ids = []
+            for row, token in zip(rows, sampled):
+                if not row.finished and row.generation.cancelled.is_set():
+                    row.finished = True
+                if row.finished:
+                    next_ids.append(self.pad_id)
+                else:
+                    self._advance(row, token)
+                    next_ids.append(token)
+            if all(row.finished for row in rows):
+                return
+            input_ids = torch.tensor(next_ids).unsqueeze(1)
+            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
+            positions = positions[:, -1:] + 1
+
+    def _advance(self, row: _Row, token: int) -> None:
+        """Record one sampled token and send the text that can no longer change or turn into a stop string."""
+        sampling = row.generation.sampling
+        row.tokens.append(token)
+        ended = token in self.end_ids
+        text = self.tokenizer.decode(row.tokens[:-1] if ended else row.tokens, skip_special_tokens=True)
+        cut = min((index for index in (text.find(stop) for stop in sampling.stop) if index >= 0), default=-1)
+        reason = None
+        if ended or cut >= 0:
+            reason = "stop"
+            text = text[:cut] if cut >= 0 else text
+            safe = len(text)
+        elif len(row.tokens) >= sampling.max_tokens:
+            reason, safe = "length", len(text)
+        else:
+            safe = len(text) - held_back(text, sampling.stop)
+        if safe > row.sent:
+            _emit(row.generation, Delta(row.choice, text[row.sent : safe]))
+            row.sent = safe
+        if reason is not None:
+            row.finished = True
+            _emit(row.generation, Finished(row.choice, reason, text, len(row.tokens)))
+
+
+def held_back(text: str, stops: tuple[str, ...]) -> int:
+    """Characters at the end of `text` not to send yet: an unfinished UTF-8 character, or the start
+    of a stop string that the next tokens may complete."""
+    held = 1 if text.endswith("\ufffd") else 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), held, -1):
+            if text.endswith(stop[:size]):
+                held = size
+                break
+    return held
+
+
+def _generator(seed: int | None, choice: int) -> Any:
+    import torch
+
+    base = secrets.randbits(62) if seed is None else seed
+    return torch.Generator().manual_seed((base * 1_000_003 + choice) % (1 << 63))
+
+
+def _sample(logits: Any, rows: list[_Row]) -> list[int]:
+    """The next token of every row: greedy where its temperature is 0, else drawn with its own
+    generator by inverse CDF (torch.multinomial takes ~20 ms a row over a 49k vocabulary)."""
+    import torch
+
+    temperatures = torch.tensor([row.generation.sampling.temperature for row in rows])
+    probabilities = torch.softmax(logits / temperatures.clamp(min=1e-6).unsqueeze(1), dim=-1)
+    for index, row in enumerate(rows):
+        top_p = row.generation.sampling.top_p
+        if top_p < 1:
+            ordered, order = probabilities[index].sort(descending=True)
+            # Keep the most likely tokens until their mass reaches top_p; the first one always stays.
+            dropped = order[(ordered.cumsum(-1) - ordered) >= top_p]
+            probabilities[index, dropped] = 0
+    cumulative = probabilities.cumsum(-1)
+    draws = torch.cat([torch.rand(1, generator=row.generator) for row in rows]) * cumulative[:, -1]
+    drawn = torch.searchsorted(cumulative, draws.unsqueeze(1)).squeeze(1).clamp(max=logits.shape[-1] - 1)
+    return torch.where(temperatures > 0, drawn, logits.argmax(-1)).tolist()
+
+
+def _emit(generation: Generation, event: Event) -> None:
+    try:
+        generation.emit(event)
+    except Exception:  # a sink whose client is gone must not stop the batch
+        log.debug("dropped an event for a request that went away", exc_info=True)

@@ -1,0 +1,23 @@
+"""Prometheus metrics of the router, served at its /metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+REQUESTS = Counter(
+    "tracefix_router_requests", "Chat completion requests by serving expert and outcome", ["expert", "status"]
+)
+TOKENS = Counter("tracefix_router_tokens", "Prompt and completion tokens by expert", ["expert", "kind"])
+ROUTING_SECONDS = Histogram(
+    "tracefix_router_routing_seconds",
+    "Time to decide a request's expert, by what decided it",
+    ["reason"],
+    buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+SWAPS = Counter("tracefix_router_swaps", "Adapter load requests: loaded (routing switched) or refused", ["outcome"])
+SWAP_SECONDS = Histogram(
+    "tracefix_router_swap_seconds",
+    "From an adapter load request to routing switched to it",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
+)
+IN_FLIGHT = Gauge("tracefix_router_in_flight", "Chat completion requests being served")

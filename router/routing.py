@@ -1,0 +1,349 @@
+"""The routing table: which adapter serves each request, and hot swaps that never break one in flight.
+
+Modes: ``off`` (always the base model), ``fixed`` (one capability's live version, or base),
+``classifier`` (the paper's: the frozen base model reads the first user turn and picks a one-token
+label) and ``gate`` (the token-level mixture of ``router.gate``, with gate weights trained for
+exact adapter versions). A request takes a lease on the version it starts with. Loading
+``<capability>@v<N+1>`` points the capability at it at once; the old version stops taking requests
+and is unloaded when its last lease comes back. A gate cannot mix a version it was not trained
+for, so replacing or removing one of its adapters falls back to classifier routing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from router import metrics
+from router.backend import AdapterConflict, EmbeddedBackend, GateSpec
+from trainer.adapters import AdapterRejected, read_manifest
+
+log = logging.getLogger(__name__)
+
+MODES = ("classifier", "gate", "fixed", "off")
+BASE = "base"  # the fixed target and classifier label that mean "no adapter"
+GATE = "gate"  # the expert name of requests the token-level gate serves
+LABELS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+CLASSIFIER_INSTRUCTIONS = (
+    "Choose the expert that should answer the user's request below. Reply with the expert's label only.\n"
+)
+CLASSIFIER_CHARS = 4000  # of the first user turn; the label depends on what the task is, not its details
+CLASSIFIER_CACHE = 1024  # an agent repeats its first user turn on every step of a run
+
+
+class RoutingError(ValueError):
+    """A routing change that cannot be made; the message says why."""
+
+
+class UnknownAdapter(LookupError):
+    """No live adapter has this name."""
+
+
+def adapter_name(capability: str, version: int) -> str:
+    """Adapters are served under versioned names, never reloaded under an old one."""
+    return f"{capability}@v{version}"
+
+
+@dataclass(slots=True)
+class LiveAdapter:
+    name: str
+    capability: str
+    version: int
+    description: str
+    path: str
+    loaded_at: float
+    in_flight: int = 0
+    retiring: bool = False
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "capability": self.capability,
+            "version": self.version,
+            "description": self.description,
+            "path": self.path,
+            "loaded_at": self.loaded_at,
+            "in_flight": self.in_flight,
+            "state": "retiring" if self.retiring else "live",
+        }
+
+
+@dataclass(slots=True)
+class Lease:
+    """Where one request goes: an adapter name, `GATE`, or None for the base model. ``experts`` are
+    the adapter versions the request holds until it is released."""
+
+    adapter: str | None
+    reason: str
+    experts: tuple[str, ...] = ()
+    gate: GateSpec | None = None
+    released: bool = field(default=False, repr=False)
+
+
+def classifier_messages(first_user: str, options: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
+    """The classifier's prompt: each label with its capability's description, then the first user turn."""
+    listing = "".join(f"{label}: {description}\n" for label, description in options)
+    system = f"{CLASSIFIER_INSTRUCTIONS}{listing}{BASE}: none of the above; answer as a general assistant."
+    return [{"role": "system", "content": system}, {"role": "user", "content": first_user[:CLASSIFIER_CHARS]}]
+
+
+class Classifier:
+    """Routes by the base model's next-token logits over the label tokens A, B, C… and "base"."""
+
+    def __init__(self, backend: EmbeddedBackend) -> None:
+        self.backend = backend
+        self.label_ids = [backend.token_id(label) for label in (*LABELS, BASE)]
+        if len(set(self.label_ids)) != len(self.label_ids):
+            raise ValueError("the tokenizer starts two classifier labels with the same token")
+        self._cache: OrderedDict[tuple[Any, ...], str | None] = OrderedDict()
+        self._cache_lock = threading.Lock()
+
+    def scores(self, first_user: str, descriptions: Sequence[str]) -> list[float]:
+        """Logits of the labels of `descriptions` (in order), then of "base"."""
+        options = list(zip(LABELS, descriptions))
+        logits = self.backend.next_token_logits(self.backend.encode_chat(classifier_messages(first_user, options)))
+        ids = [*self.label_ids[: len(options)], self.label_ids[-1]]
+        return [float(logits[token]) for token in ids]
+
+    def choose(self, first_user: str, candidates: Sequence[tuple[str, str]]) -> str | None:
+        """The name of the candidate (name, description) whose label scores highest, or None for base."""
+        key = (first_user, tuple(candidates))
+        with self._cache_lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        scores = self.scores(first_user, [description for _, description in candidates])
+        best = max(range(len(scores)), key=scores.__getitem__)
+        choice = candidates[best][0] if best < len(candidates) else None
+        with self._cache_lock:
+            self._cache[key] = choice
+            while len(self._cache) > CLASSIFIER_CACHE:
+                self._cache.popitem(last=False)
+        return choice
+
+
+class RoutingTable:
+    """Live adapters, the mode, and the leases requests hold on adapter versions."""
+
+    def __init__(self, backend: EmbeddedBackend, mode: str = "classifier", fixed: str | None = None) -> None:
+        self.backend = backend
+        self.classifier = Classifier(backend)
+        self.adapters: dict[str, LiveAdapter] = {}
+        self.current: dict[str, str] = {}  # capability -> the version its traffic goes to
+        self.mode = "off"
+        self.fixed: str | None = None  # in mode fixed: the capability it follows; None is the base model
+        self.gate: GateSpec | None = None  # in mode gate: the gate weights and the versions they mix
+        self._lock = threading.Lock()  # the table itself; held only for bookkeeping
+        self._admin = threading.Lock()  # loads, removals and mode changes take turns
+        self._retirements = ThreadPoolExecutor(1, thread_name_prefix="retire")
+        if mode == GATE:
+            raise RoutingError(
+                "routing 'gate' cannot be the mode at start: a gate mixes live adapters, and none are loaded yet; "
+                "start with 'classifier' and switch with PUT /admin/routing once its adapters are live"
+            )
+        self.set_mode(mode, fixed if mode == "fixed" else None, strict=False)
+
+    # -- requests ---------------------------------------------------------------------------------
+
+    def acquire(self, pinned: str | None, first_user: str | None) -> Lease:
+        """Route one request and hold its adapter version until `release`. `pinned` is a live adapter
+        name the client asked for by model name; otherwise the mode decides."""
+        started = time.perf_counter()
+        lease = self._route(pinned, first_user)
+        metrics.ROUTING_SECONDS.labels(lease.reason).observe(time.perf_counter() - started)
+        return lease
+
+    def _route(self, pinned: str | None, first_user: str | None) -> Lease:
+        with self._lock:
+            if pinned is not None:
+                adapter = self.adapters.get(pinned)
+                if adapter is None or adapter.retiring:
+                    raise UnknownAdapter(pinned)
+                return self._hold("pinned", [pinned])
+            if self.mode == "off":
+                return Lease(None, "off")
+            if self.mode == "fixed":
+                target = self.current.get(self.fixed) if self.fixed is not None else None
+                return self._hold("fixed", [target] if target else [])
+            if self.mode == GATE and self.gate is not None:
+                lease = self._hold(GATE, list(self.gate.adapters))
+                lease.adapter, lease.gate = GATE, self.gate
+                return lease
+            candidates = [self.adapters[name] for _, name in sorted(self.current.items())][: len(LABELS)]
+        if not candidates or not first_user:
+            return Lease(None, "classifier")
+        # The forward pass runs outside the table lock; a swap meanwhile sends the request to the
+        # capability's new version, as it would any request that starts after the swap.
+        choice = self.classifier.choose(first_user, [(adapter.name, adapter.description) for adapter in candidates])
+        capability = next((adapter.capability for adapter in candidates if adapter.name == choice), None)
+        with self._lock:
+            return self._hold("classifier", [self.current[capability]] if capability in self.current else [])
+
+    def _hold(self, reason: str, names: list[str]) -> Lease:
+        for name in names:
+            self.adapters[name].in_flight += 1
+        return Lease(names[0] if len(names) == 1 else None, reason, tuple(names))
+
+    def release(self, lease: Lease) -> None:
+        """Give the lease's versions back; a retiring version whose last request ended is unloaded."""
+        if lease.released:
+            return
+        lease.released = True
+        due = []
+        with self._lock:
+            for name in lease.experts:
+                adapter = self.adapters[name]
+                adapter.in_flight -= 1
+                if adapter.retiring and adapter.in_flight == 0:
+                    due.append(adapter)
+        for adapter in due:
+            # Off the caller's thread: unloading waits for the current decode step.
+            self._retirements.submit(self._unload, adapter)
+
+    # -- administration ---------------------------------------------------------------------------
+
+    def add(self, capability: str, version: int, path: Path, description: str) -> dict[str, Any]:
+        """Load `<capability>@v<version>` and switch the capability's traffic to it; the previous
+        version retires. A rejected adapter raises `AdapterRejected` and changes nothing."""
+        name = adapter_name(capability, version)
+        with self._admin:
+            with self._lock:
+                if name in self.adapters:
+                    state = "retiring" if self.adapters[name].retiring else "live"
+                    raise AdapterConflict(f"{name} is already loaded ({state}); load new weights under a new version")
+            started = time.perf_counter()
+            try:
+                manifest = read_manifest(path)
+                if manifest.get("capability") != capability or manifest.get("version") != version:
+                    found = f"{manifest.get('capability')!r} v{manifest.get('version')}"
+                    raise AdapterRejected(f"{path} holds {found}, not {capability!r} v{version}")
+                self.backend.load(name, path)
+            except (AdapterRejected, AdapterConflict):
+                metrics.SWAPS.labels("refused").inc()
+                raise
+            with self._lock:
+                previous = self.current.get(capability)
+                self.adapters[name] = LiveAdapter(
+                    name, capability, version, description or capability.replace("_", " "), str(path), time.time()
+                )
+                self.current[capability] = name
+                retired = self._retire(previous) if previous else None
+            seconds = time.perf_counter() - started
+            metrics.SWAPS.labels("loaded").inc()
+            metrics.SWAP_SECONDS.observe(seconds)
+            log.info("%s live (%s) in %.3f s", name, f"replacing {previous}" if previous else "new", seconds)
+            if retired is not None:
+                self._unload(retired)
+            return {**self.adapters[name].describe(), "replaced": previous, "seconds": round(seconds, 4)}
+
+    def remove(self, name: str) -> dict[str, Any]:
+        """Stop routing to a live adapter; it is unloaded once its in-flight requests end."""
+        with self._admin:
+            with self._lock:
+                adapter = self.adapters.get(name)
+                if adapter is None or adapter.retiring:
+                    raise UnknownAdapter(name)
+                if self.current.get(adapter.capability) == name:
+                    del self.current[adapter.capability]
+                retired = self._retire(name)
+                description = adapter.describe()
+            if retired is not None:
+                self._unload(retired)
+            return description
+
+    def _retire(self, name: str) -> LiveAdapter | None:
+        """Mark a version retiring (table lock held); returns it when nothing uses it any more."""
+        adapter = self.adapters[name]
+        adapter.retiring = True
+        if self.gate is not None and name in self.gate.adapters:
+            log.warning("%s retires and the gate was trained with it; routing falls back to classifier", name)
+            self.mode, self.gate = "classifier", None
+        return adapter if adapter.in_flight == 0 else None
+
+    def _unload(self, adapter: LiveAdapter) -> None:
+        try:
+            self.backend.unload(adapter.name)
+        finally:
+            with self._lock:
+                self.adapters.pop(adapter.name, None)
+        log.info("%s unloaded", adapter.name)
+
+    def set_mode(
+        self, mode: str, adapter: str | None = None, gate: str | None = None, strict: bool = True
+    ) -> dict[str, Any]:
+        """Change the routing mode. With `strict`, a fixed adapter must be live now (an API caller's
+        typo is refused); at start-up it may name a capability whose adapter is loaded later."""
+        with self._admin:
+            if mode not in MODES:
+                raise RoutingError(f"unknown routing mode {mode!r}; one of {', '.join(MODES)}")
+            if mode != "fixed" and adapter is not None:
+                raise RoutingError(f"'adapter' applies to mode 'fixed' only, not {mode!r}")
+            if mode != GATE and gate is not None:
+                raise RoutingError(f"'gate' applies to mode 'gate' only, not {mode!r}")
+            spec = self._gate_spec(gate) if mode == GATE else None
+            fixed = self._fixed_target(adapter, strict) if mode == "fixed" else None
+            with self._lock:
+                self.mode, self.fixed, self.gate = mode, fixed, spec
+            return self.snapshot()
+
+    def _gate_spec(self, path: str | None) -> GateSpec:
+        """Gate weights whose adapters are all live, installed once to prove they fit."""
+        try:
+            from router.gate import gate_adapters
+        except Exception as error:  # missing or broken, the caller's answer is the same
+            raise RoutingError(f"routing mode 'gate' needs router.gate, which cannot be imported: {error}") from None
+        if not path:
+            raise RoutingError("mode 'gate' needs 'gate': the path of gate weights trained for live adapters")
+        try:
+            spec = GateSpec(Path(path), tuple(gate_adapters(Path(path))))
+        except (OSError, ValueError) as error:
+            raise RoutingError(f"cannot read gate weights {path}: {error}") from None
+        with self._lock:
+            missing = [name for name in spec.adapters if name not in self.current.values()]
+        if missing:
+            raise RoutingError(f"the gate mixes {', '.join(missing)}, which are not live; load them first")
+        try:
+            self.backend.check_gate(spec)
+        except Exception as error:  # the gate module's own refusal, whatever its type
+            raise RoutingError(f"the gate does not fit the live adapters: {error}") from None
+        return spec
+
+    def _fixed_target(self, adapter: str | None, strict: bool) -> str | None:
+        """The capability fixed routing follows, None for the base model: naming a version follows its
+        capability, so a later swap moves the fixed traffic to the new version too."""
+        if not adapter:
+            raise RoutingError("mode 'fixed' needs 'adapter': a live adapter name, its capability, or 'base'")
+        if adapter == BASE:
+            return None
+        capability = adapter.partition("@")[0]
+        with self._lock:
+            live = self.current.get(capability)
+        if strict and (live is None or ("@" in adapter and live != adapter)):
+            known = ", ".join(sorted(self.current.values())) or "none"
+            raise RoutingError(f"{adapter!r} is not a live adapter or capability (live: {known})")
+        return capability
+
+    def live(self) -> list[LiveAdapter]:
+        """Adapters that take new requests, by name."""
+        with self._lock:
+            return sorted((adapter for adapter in self.adapters.values() if not adapter.retiring), key=lambda a: a.name)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "mode": self.mode,
+                "fixed": (self.fixed or BASE) if self.mode == "fixed" else None,
+                "gate": {"path": str(self.gate.path), "adapters": list(self.gate.adapters)} if self.gate else None,
+                "capabilities": dict(sorted(self.current.items())),
+                "adapters": [adapter.describe() for _, adapter in sorted(self.adapters.items())],
+            }
+
+    def close(self) -> None:
+        self._retirements.shutdown(wait=True)
