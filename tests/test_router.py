@@ -39,11 +39,10 @@ from router.backend import EmbeddedBackend, held_back  # noqa: E402
 from router.routing import LABELS, classifier_messages  # noqa: E402
 from router.server import create_app  # noqa: E402
 from tests.conftest import REPO, free_port  # noqa: E402
-from trainer import adapters  # noqa: E402
+from tests.lora_support import TARGETS, make_adapter  # noqa: E402
 from trainer import model as models  # noqa: E402
 from trainer.environment import Tool, render_system_prompt  # noqa: E402
 
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 TOKEN = "router-test-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
 HELLO = [{"role": "user", "content": "Where is my order?"}]
@@ -55,19 +54,6 @@ ORDER_TOOL = {
         "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
     },
 }
-
-
-def make_adapter(base_dir: Path, directory: Path, capability: str, version: int, seed: int) -> Path:
-    """A saved LoRA adapter whose B matrices are seeded noise (a fresh LoRA is zero and changes nothing)."""
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir), LoraConfig(r=4, target_modules=TARGETS))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "lora_B" in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
-    manifest = {"capability": capability, "version": version, "base_model_hash": adapters.base_model_hash(base_dir)}
-    adapters.save_adapter(model, directory, manifest)
-    return directory
 
 
 class _Receiver(BaseHTTPRequestHandler):

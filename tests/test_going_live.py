@@ -1,0 +1,159 @@
+"""Promotion end to end, with a real daemon and a real `tracefix router` process sharing a config:
+a candidate approved through the API goes live in the router without a restart, a newer version
+replaces it, a rollback restores it, a router killed with SIGKILL is brought back to the registry's
+live set, and the router's spans of served requests reach the daemon."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("peft")
+
+from daemon.settings import StoreSettings  # noqa: E402
+from daemon.store import Store  # noqa: E402
+from tests.conftest import REPO, RunningDaemon, free_port, make_daemon  # noqa: E402
+from tests.lora_support import make_adapter  # noqa: E402
+
+CAPABILITY = "error_recovery"
+
+
+class RouterProcess:
+    def __init__(self, daemon: RunningDaemon) -> None:
+        self.daemon = daemon
+        self.url = f"http://127.0.0.1:{daemon.sections['router']['port']}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> RouterProcess:
+        log = (self.daemon.directory / "router.log").open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "daemon.cli", "router", "--config", str(self.daemon.config_path)],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, (self.daemon.directory / "router.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("router did not become healthy")
+
+    def models(self) -> set[str]:
+        client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
+        return {model.id for model in client.models.list()}
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+            self.process.wait(30)
+
+
+@pytest.fixture
+def stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, RouterProcess, list[Path]]]:
+    # Two trained versions of one capability, registered as candidates before the daemon starts.
+    paths = [make_adapter(tiny_model, tmp_path / "adapters" / f"v{version}", CAPABILITY, version, version) for version in (1, 2)]
+    store = Store(StoreSettings(path=tmp_path / "tracefix.duckdb"))
+    for version, path in enumerate(paths, start=1):
+        store.query(
+            "INSERT INTO adapters (capability, version, run_id, environment_id, path, manifest_sha256, state, evaluation, created_at) "
+            "VALUES (?, ?, ?, 1, ?, 'x', 'candidate', '{}', now()) RETURNING adapter_id",
+            [CAPABILITY, version, version, str(path)],
+        )
+    store.close()
+    daemon = make_daemon(
+        tmp_path,
+        analysis={"interval_s": 0.5},
+        model={"name": str(tiny_model), "max_new_tokens": 8, "threads": 1},
+        router={"port": free_port(), "routing": "classifier", "max_context_tokens": 2048},
+    )
+    daemon.sections["router"]["otlp_endpoint"] = daemon.http_url
+    daemon.__post_init__()  # rewrite the config with the collector as the router's span target
+    daemon.start()
+    router = RouterProcess(daemon).start()
+    yield daemon, router, paths
+    router.stop()
+    daemon.stop()
+
+
+def _token(daemon: RunningDaemon) -> dict[str, str]:
+    return {"Authorization": f"Bearer {(daemon.directory / 'api.token').read_text().strip()}"}
+
+
+def _post(daemon: RunningDaemon, path: str, body: Any = None, auth: bool = True) -> httpx.Response:
+    return httpx.post(f"{daemon.api_url}{path}", json=body, headers=_token(daemon) if auth else {}, timeout=30)
+
+
+def _wait(condition: Any, timeout_s: float = 60) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise TimeoutError(condition)
+
+
+def _state(daemon: RunningDaemon, adapter_id: int) -> str:
+    return daemon.get(f"/api/adapters/{adapter_id}")["state"]
+
+
+def test_approval_goes_live_a_newer_version_replaces_it_and_rollback_restores_it(
+    stack: tuple[RunningDaemon, RouterProcess, list[Path]],
+) -> None:
+    daemon, router, _ = stack
+    assert _post(daemon, "/api/adapters/1/approve", auth=False).status_code == 401
+    assert _post(daemon, "/api/adapters/1/reject", {"reason": ""}).status_code == 422
+    assert _post(daemon, "/api/adapters/1/approve", {"reason": "fixes refunds"}).status_code == 200
+    _wait(lambda: _state(daemon, 1) == "live")
+    assert router.models() == {"base", f"{CAPABILITY}@v1"}
+    assert _post(daemon, "/api/adapters/1/approve").status_code == 409  # live: not a candidate any more
+
+    assert _post(daemon, "/api/adapters/2/approve").status_code == 200
+    _wait(lambda: _state(daemon, 2) == "live")
+    assert _state(daemon, 1) == "retired"
+    _wait(lambda: router.models() == {"base", f"{CAPABILITY}@v2"})
+
+    rolled = _post(daemon, "/api/adapters/2/rollback", {"reason": "more failures on refunds"})
+    assert rolled.status_code == 200, rolled.text
+    assert (_state(daemon, 2), _state(daemon, 1)) == ("rolled_back", "live")
+    _wait(lambda: router.models() == {"base", f"{CAPABILITY}@v1"})
+
+    audit = [(row["actor"], row["action"], row["adapter_id"], row["to_state"]) for row in daemon.get("/api/audit")["items"]][::-1]
+    assert audit == [
+        ("admin", "approve", 1, "approved"), ("promotion", "go_live", 1, "live"),
+        ("admin", "approve", 2, "approved"), ("promotion", "retire", 1, "retired"), ("promotion", "go_live", 2, "live"),
+        ("admin", "rollback", 2, "rolled_back"), ("admin", "restore", 1, "live"),
+    ]  # fmt: skip
+
+
+def test_a_killed_router_is_brought_back_to_the_live_set_and_its_spans_reach_the_daemon(
+    stack: tuple[RunningDaemon, RouterProcess, list[Path]],
+) -> None:
+    daemon, router, _ = stack
+    assert _post(daemon, "/api/adapters/1/approve").status_code == 200
+    _wait(lambda: _state(daemon, 1) == "live")
+    router.stop(signal.SIGKILL)
+    router.start()  # starts with the base model only
+    _wait(lambda: router.models() == {"base", f"{CAPABILITY}@v1"})
+    client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
+    answer = client.chat.completions.create(
+        model=f"{CAPABILITY}@v1", messages=[{"role": "user", "content": "My refund failed."}], max_tokens=4, seed=1
+    )
+    assert answer.model == f"{CAPABILITY}@v1"
+    # The served request comes back through the collector as a trajectory of the router.
+    served = _wait(lambda: daemon.get("/api/trajectories", service="tracefix-router")["items"], timeout_s=30)
+    detail = daemon.get(f"/api/trajectories/{served[0]['trajectory_id']}")
+    assert detail["service_name"] == "tracefix-router"
