@@ -5,6 +5,7 @@ live set, and the router's spans of served requests reach the daemon."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -106,6 +107,11 @@ def _wait(condition: Any, timeout_s: float = 60) -> Any:
     raise TimeoutError(condition)
 
 
+def _cli(daemon: RunningDaemon, *arguments: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "daemon.cli", *arguments, "--config", str(daemon.config_path)]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
 def _state(daemon: RunningDaemon, adapter_id: int) -> str:
     return daemon.get(f"/api/adapters/{adapter_id}")["state"]
 
@@ -121,7 +127,10 @@ def test_approval_goes_live_a_newer_version_replaces_it_and_rollback_restores_it
     assert router.models() == {"base", f"{CAPABILITY}@v1"}
     assert _post(daemon, "/api/adapters/1/approve").status_code == 409  # live: not a candidate any more
 
-    assert _post(daemon, "/api/adapters/2/approve").status_code == 200
+    # The CLI takes the same path (with the daemon's token).
+    assert _cli(daemon, "adapters", "reject", "2").returncode == 2  # --reason is required
+    approved = _cli(daemon, "adapters", "approve", "2", "--reason", "better on held-out seeds")
+    assert approved.returncode == 0 and "candidate → approved" in approved.stdout
     _wait(lambda: _state(daemon, 2) == "live")
     assert _state(daemon, 1) == "retired"
     _wait(lambda: router.models() == {"base", f"{CAPABILITY}@v2"})
@@ -131,6 +140,8 @@ def test_approval_goes_live_a_newer_version_replaces_it_and_rollback_restores_it
     assert (_state(daemon, 2), _state(daemon, 1)) == ("rolled_back", "live")
     _wait(lambda: router.models() == {"base", f"{CAPABILITY}@v1"})
 
+    listed = json.loads(_cli(daemon, "adapters", "list", "--json").stdout)
+    assert {(item["version"], item["state"]) for item in listed} == {(1, "live"), (2, "rolled_back")}
     audit = [(row["actor"], row["action"], row["adapter_id"], row["to_state"]) for row in daemon.get("/api/audit")["items"]][::-1]
     assert audit == [
         ("admin", "approve", 1, "approved"), ("promotion", "go_live", 1, "live"),
