@@ -8,7 +8,8 @@ happens inside the model's own forward, so generation keeps its KV cache and cos
 token (PEFT's X-LoRA runs a scaling pass before every real one and gives up the cache).
 
 Each Linear's adapters are fused once, at construction, into one down- and one up-projection with
-the scaling folded in: n experts cost two matmuls per Linear, not 2n. Adapter versions are immutable,
+the scaling folded in: n experts cost two matmuls per Linear (the second fused with the residual
+add), not 2n. Adapter versions are immutable,
 so the snapshot cannot go stale; build the gate after the model is on its device.
 """
 
@@ -95,9 +96,10 @@ def _gated_forward(module: LoraLinear, route: _LayerRoute, experts: _FusedExpert
 class GatedExperts:
     """Several LoRA adapters of one ``peft.PeftModel`` mixed per token by trained per-layer gates.
 
-    Slot 0 of every gate is the base model, slot i is ``adapter_names[i - 1]``. The gates start with
-    the base slot's bias at ``base_bias`` and small weights, so an untrained gate serves (nearly) the
-    base model. Not thread-safe: one forward or generation at a time, like the model itself.
+    Slot 0 of every gate is the base model, slot i is ``adapter_names[i - 1]``. The gates (float32,
+    on the model's device) start with the base slot's bias at ``base_bias`` and small weights, so an
+    untrained gate serves (nearly) the base model. Not thread-safe: one forward or generation at a
+    time, like the model itself.
     """
 
     def __init__(self, peft_model: Any, adapter_names: Sequence[str], base_bias: float = 4.0, seed: int = 0) -> None:
@@ -173,7 +175,7 @@ class GatedExperts:
         self._decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         return [route.logits for route in self._routes]
 
-    def generate(self, **inputs: Any) -> torch.Tensor:
+    def generate(self, **inputs: Any) -> Any:
         """``model.generate(**inputs)``, recording the expert shares of every generated token."""
         self._generation = []
         try:
@@ -297,10 +299,10 @@ def _lora_modules(peft_model: Any, layers: list[nn.Module], adapter_names: list[
     wrapped: list[list[LoraLinear]] = []
     for layer in layers:
         modules = [module for module in layer.modules() if type(module) is LoraLinear]
-        others = {type(module).__module__ + "." + type(module).__qualname__ for module in layer.modules()
-                  if isinstance(module, LoraLayer) and type(module) is not LoraLinear}
+        others = [module for module in layer.modules() if isinstance(module, LoraLayer) and type(module) is not LoraLinear]
         if others:
-            raise ValueError(f"LoRA layers of kind {sorted(others)} (quantized, embedding …) cannot be gated")
+            kinds = sorted({f"{type(module).__module__}.{type(module).__qualname__}" for module in others})
+            raise ValueError(f"LoRA layers of kind {kinds} (quantized, embedding …) cannot be gated")
         for module in modules:
             if "forward" in vars(module):
                 raise ValueError("this model is already gated; remove() the other gate first")

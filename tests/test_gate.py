@@ -6,7 +6,6 @@ round-trip and refuse other adapters."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,8 +54,8 @@ def _experts(directory: Path) -> object:
 
 
 @pytest.fixture
-def experts(tiny: tuple[Path, object]) -> Iterator[object]:
-    yield _experts(tiny[0])
+def experts(tiny: tuple[Path, object]) -> object:
+    return _experts(tiny[0])
 
 
 def _ids(seed: int, batch: int = 2, length: int = 12) -> torch.Tensor:
@@ -254,6 +253,22 @@ def test_removing_the_gate_restores_the_plain_peft_model(experts: object) -> Non
         GatedExperts(experts, ADAPTERS)
     gated.remove()
     assert torch.equal(_logits(experts, input_ids), plain)
+
+
+def test_adapters_the_gate_cannot_mix_exactly_are_refused(tiny: tuple[Path, object]) -> None:
+    cases = {
+        "LoRA variant": LoraConfig(r=4, target_modules=TARGETS, use_dora=True),
+        "outside the decoder layers": LoraConfig(r=4, target_modules=[*TARGETS, "lm_head"]),
+        "share target modules": LoraConfig(r=4, target_modules=["q_proj"]),
+    }
+    for reason, config in cases.items():
+        model = _experts(tiny[0])
+        model.add_adapter("odd@v1", config)
+        with pytest.raises(ValueError, match=reason):
+            GatedExperts(model, [ADAPTERS[0], "odd@v1"])
+        assert "forward" not in vars(model.get_base_model().model.layers[0].self_attn.q_proj)  # nothing installed
+    with pytest.raises(ValueError, match="not loaded"):
+        GatedExperts(_experts(tiny[0]), [ADAPTERS[0], "missing@v1"])
 
 
 def test_trajectories_become_examples_labelled_on_assistant_tokens(tiny: tuple[Path, object]) -> None:
