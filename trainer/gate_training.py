@@ -127,7 +127,7 @@ def train_gate(
     history: list[dict[str, float]] = []
     started = time.monotonic()
     was_training = gated.model.training
-    gated.model.eval()  # the experts serve without dropout; only the gates change
+    gated.model.eval()  # the model runs as it serves (no dropout); only the gates change
     try:
         for _ in range(steps):
             batch = []
