@@ -189,3 +189,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer: Any)
 
     return tiny_random_model(tmp_path_factory.mktemp("tiny"), smollm2_tokenizer)
 
+
+def wait_for(condition: Any, timeout_s: float = 30.0, poll_s: float = 0.2) -> Any:
+    """The first truthy value of ``condition()`` within ``timeout_s``; TimeoutError after."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise TimeoutError(f"condition not reached in {timeout_s:g} s: {condition}")
+

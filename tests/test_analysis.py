@@ -12,14 +12,13 @@ The set (all sent as real OTLP to a running daemon):
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import RunningDaemon, make_daemon
+from tests.conftest import RunningDaemon, make_daemon, wait_for
 from tests.conversations import Call, Conversation, ConversationSender, Say, User
 
 READ = Call("get_reservation", {"reservation_id": "R-1001"}, {"reservation_id": "R-1001", "status": "confirmed"})
@@ -75,16 +74,6 @@ def analyzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Running
 
 def capability(daemon: RunningDaemon, name: str) -> dict:
     return next(item for item in daemon.get("/api/capabilities")["items"] if item["name"] == name)
-
-
-def wait_for(condition, timeout_s: float = 30.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise TimeoutError("condition not reached")
 
 
 def test_statistics_match_hand_computed_values(analyzed: tuple[RunningDaemon, list[str]]) -> None:

@@ -23,7 +23,7 @@ pytest.importorskip("peft")
 
 from daemon.settings import StoreSettings  # noqa: E402
 from daemon.store import Store  # noqa: E402
-from tests.conftest import REPO, RunningDaemon, free_port, make_daemon  # noqa: E402
+from tests.conftest import REPO, RunningDaemon, free_port, make_daemon, wait_for  # noqa: E402
 from tests.lora_support import make_adapter  # noqa: E402
 
 CAPABILITY = "error_recovery"
@@ -97,16 +97,6 @@ def _post(daemon: RunningDaemon, path: str, body: Any = None, auth: bool = True)
     return httpx.post(f"{daemon.api_url}{path}", json=body, headers=_token(daemon) if auth else {}, timeout=30)
 
 
-def _wait(condition: Any, timeout_s: float = 60) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise TimeoutError(condition)
-
-
 def _cli(daemon: RunningDaemon, *arguments: str) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "daemon.cli", *arguments, "--config", str(daemon.config_path)]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -123,7 +113,7 @@ def test_approval_goes_live_a_newer_version_replaces_it_and_rollback_restores_it
     assert _post(daemon, "/api/adapters/1/approve", auth=False).status_code == 401
     assert _post(daemon, "/api/adapters/1/reject", {"reason": ""}).status_code == 422
     assert _post(daemon, "/api/adapters/1/approve", {"reason": "fixes refunds"}).status_code == 200
-    _wait(lambda: _state(daemon, 1) == "live")
+    wait_for(lambda: _state(daemon, 1) == "live")
     assert router.models() == {"base", f"{CAPABILITY}@v1"}
     assert _post(daemon, "/api/adapters/1/approve").status_code == 409  # live: not a candidate any more
 
@@ -131,14 +121,14 @@ def test_approval_goes_live_a_newer_version_replaces_it_and_rollback_restores_it
     assert _cli(daemon, "adapters", "reject", "2").returncode == 2  # --reason is required
     approved = _cli(daemon, "adapters", "approve", "2", "--reason", "better on held-out seeds")
     assert approved.returncode == 0 and "candidate → approved" in approved.stdout
-    _wait(lambda: _state(daemon, 2) == "live")
+    wait_for(lambda: _state(daemon, 2) == "live")
     assert _state(daemon, 1) == "retired"
-    _wait(lambda: router.models() == {"base", f"{CAPABILITY}@v2"})
+    wait_for(lambda: router.models() == {"base", f"{CAPABILITY}@v2"})
 
     rolled = _post(daemon, "/api/adapters/2/rollback", {"reason": "more failures on refunds"})
     assert rolled.status_code == 200, rolled.text
     assert (_state(daemon, 2), _state(daemon, 1)) == ("rolled_back", "live")
-    _wait(lambda: router.models() == {"base", f"{CAPABILITY}@v1"})
+    wait_for(lambda: router.models() == {"base", f"{CAPABILITY}@v1"})
 
     listed = json.loads(_cli(daemon, "adapters", "list", "--json").stdout)
     assert {(item["version"], item["state"]) for item in listed} == {(1, "live"), (2, "rolled_back")}
@@ -155,16 +145,16 @@ def test_a_killed_router_is_brought_back_to_the_live_set_and_its_spans_reach_the
 ) -> None:
     daemon, router, _ = stack
     assert _post(daemon, "/api/adapters/1/approve").status_code == 200
-    _wait(lambda: _state(daemon, 1) == "live")
+    wait_for(lambda: _state(daemon, 1) == "live")
     router.stop(signal.SIGKILL)
     router.start()  # starts with the base model only
-    _wait(lambda: router.models() == {"base", f"{CAPABILITY}@v1"})
+    wait_for(lambda: router.models() == {"base", f"{CAPABILITY}@v1"})
     client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
     answer = client.chat.completions.create(
         model=f"{CAPABILITY}@v1", messages=[{"role": "user", "content": "My refund failed."}], max_tokens=4, seed=1
     )
     assert answer.model == f"{CAPABILITY}@v1"
     # The served request comes back through the collector as a trajectory of the router.
-    served = _wait(lambda: daemon.get("/api/trajectories", service="tracefix-router")["items"], timeout_s=30)
+    served = wait_for(lambda: daemon.get("/api/trajectories", service="tracefix-router")["items"])
     detail = daemon.get(f"/api/trajectories/{served[0]['trajectory_id']}")
     assert detail["service_name"] == "tracefix-router"
