@@ -17,8 +17,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import orjson
 
+from daemon.registry import Registry
 from daemon.store import Store
 
 log = logging.getLogger(__name__)
@@ -69,16 +69,15 @@ class Decision:
 class Promotion:
     def __init__(self, store: Store) -> None:
         self.store = store
+        self.registry = Registry(store)
 
     # -- reads ---------------------------------------------------------------------------------
 
     def adapter(self, adapter_id: int) -> dict[str, Any]:
-        rows = self.store.query("SELECT * FROM adapters WHERE adapter_id = ?", [adapter_id])
-        if not rows:
+        found = self.registry.adapter(adapter_id)
+        if found is None:
             raise NotFound(f"no adapter {adapter_id}")
-        row = rows[0]
-        row["evaluation"] = orjson.loads(row["evaluation"])
-        return row
+        return found
 
     def audit(self, adapter_id: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
         return self.store.query(

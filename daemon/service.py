@@ -23,6 +23,7 @@ from daemon.analysis import Analyzer
 from daemon.api import create_api
 from daemon.capabilities import load_registry
 from daemon.settings import Settings
+from daemon.sockets import bind
 from daemon.store import AnalysisStore, Store
 from daemon.synthesis import Synthesizer
 from daemon.trigger import HEALTHY, Trigger
@@ -34,20 +35,6 @@ from daemon.validation_job import Validator
 from daemon.writer import BatchedWriter
 
 log = logging.getLogger(__name__)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as error:
-        sock.close()
-        raise OSError(f"cannot bind {host}:{port} ({error.strerror}); is another tracefix running?") from None
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 class _PortDispatch:
@@ -199,12 +186,12 @@ class Daemon:
         sockets: list[socket.socket] = []
         apps: dict[int, Any] = {}
         try:
-            api_socket = _bind(api.host, api.port)
+            api_socket = bind(api.host, api.port)
             sockets.append(api_socket)
             apps[api_socket.getsockname()[1]] = self.api
             self.endpoints["api"] = f"http://{api.host}:{api_socket.getsockname()[1]}"
             if collector.http_port:
-                http_socket = _bind(collector.host, collector.http_port)
+                http_socket = bind(collector.host, collector.http_port)
                 sockets.append(http_socket)
                 apps[http_socket.getsockname()[1]] = self.http_receiver.app
                 self.endpoints["otlp_http"] = f"http://{collector.host}:{http_socket.getsockname()[1]}"

@@ -15,7 +15,6 @@ import hashlib
 import json
 import logging
 import threading
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from daemon.registry import Registry
 from daemon.settings import Settings
 from daemon.store import AnalysisStore
 from daemon.subprocess_job import ModelSubprocess, Stopped, TimedOut, error_tail
+from daemon.trigger import start_cooldown
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,8 @@ class TrainingRunner:
             self._move(run["capability"], "candidate", f"adapter {adapter_id} (v{run['version']}) is a candidate: {_gain(evaluation)}")
         else:
             self.registry.set_run_status(run_id, "running", "rejected_by_eval", result)
-            self._move(run["capability"], "cooldown", f"run {run_id} rejected by evaluation: {'; '.join(evaluation['reasons'])}", cooldown=True)
+            reason = f"run {run_id} rejected by evaluation: {'; '.join(evaluation['reasons'])}"
+            start_cooldown(self.store, run["capability"], reason, self.settings.trigger.cooldown_hours)
         log.info("training run %d: %s (%s)", run_id, result["verdict"], _gain(evaluation))
         return run_id
 
@@ -139,12 +140,10 @@ class TrainingRunner:
         log.warning("training run %d failed: %s", run["run_id"], error)
         return run["run_id"]
 
-    def _move(self, capability: str, to_state: str, reason: str, cooldown: bool = False) -> None:
+    def _move(self, capability: str, to_state: str, reason: str) -> None:
         state = self.store.states().get(capability)
-        if state is None:
-            return
-        until = datetime.now(timezone.utc) + timedelta(hours=self.settings.trigger.cooldown_hours) if cooldown else None
-        self.store.transition(capability, state["state"], to_state, reason, state["consecutive"], state["last_pass_id"], None, until)
+        if state is not None:
+            self.store.transition(capability, state["state"], to_state, reason, state["consecutive"], state["last_pass_id"])
 
 
 def train_config(settings: Settings) -> dict[str, Any]:

@@ -127,9 +127,9 @@ class Trigger:
             return move(WATCHING, reason, 0)
         return move(HEALTHY, f"no gap: {_summary(stats)}", 0)
 
-    def start_cooldown(self, capability: str, reason: str, now: datetime | None = None) -> None:
-        """Called by later stages after a promotion or rejection."""
-        now = now or datetime.now(timezone.utc)
-        state = self.store.states().get(capability, {"state": HEALTHY, "last_pass_id": 0})
-        until = now + timedelta(hours=self.settings.cooldown_hours)
-        self.store.transition(capability, state["state"], COOLDOWN, reason, 0, state["last_pass_id"], None, until)
+
+def start_cooldown(store: AnalysisStore, capability: str, reason: str, hours: float, now: datetime | None = None) -> None:
+    """Rest a capability after a promotion or a rejection: no new trigger for `hours`."""
+    now = now or datetime.now(timezone.utc)
+    state = store.states().get(capability, {"state": HEALTHY, "last_pass_id": 0})
+    store.transition(capability, state["state"], COOLDOWN, reason, 0, state["last_pass_id"], None, now + timedelta(hours=hours))

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 import time
 import uuid
 from pathlib import Path
@@ -30,6 +29,7 @@ from starlette.exceptions import HTTPException
 from daemon.auth import bearer_matches, stored_token
 from daemon.router_client import ROUTER_TOKEN_FILE
 from daemon.settings import CAPABILITY_NAME, ConfigError, Settings
+from daemon.sockets import bind
 from router import metrics, protocol
 from router.backend import AdapterConflict, Delta, EmbeddedBackend, Event, Failed, Finished, Generation
 from router.protocol import ApiError, ChatRequest
@@ -411,7 +411,7 @@ def serve(settings: Settings) -> None:
         for stop_signal in (signal.SIGINT, signal.SIGTERM):
             signal.signal(stop_signal, _stop_requested)
         host = settings.router.host
-        listening = _listen(host, settings.router.port)
+        listening = bind(host, settings.router.port, "router")
         config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=10)
         log.info("tracefix router serving %s at http://%s:%d", backend.model_dir, host, listening.getsockname()[1])
         uvicorn.Server(config).run(sockets=[listening])
@@ -421,18 +421,6 @@ def serve(settings: Settings) -> None:
             app.state.table.close()
             app.state.telemetry.shutdown()
         log.info("tracefix router stopped")
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    """The router's socket, bound before serving so that a taken port is a clear error."""
-    listening = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listening.bind((host, port))
-    except OSError as error:
-        listening.close()
-        raise OSError(f"cannot bind {host}:{port} ({error.strerror}); is another router running?") from None
-    return listening
 
 
 def _stop_requested(signum: int, frame: Any) -> None:
