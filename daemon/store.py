@@ -19,6 +19,10 @@ from daemon.settings import StoreSettings
 
 log = logging.getLogger(__name__)
 
+# Capability state moves come from several daemon jobs (trigger, synthesis, validation, training,
+# promotion); they are serialised in process, since the daemon is DuckDB's only writer.
+_STATE_MOVES = threading.Lock()
+
 SPAN_SCHEMA = pa.schema(
     [
         ("trace_id", pa.string()),
@@ -691,8 +695,9 @@ class AnalysisStore:
     ) -> bool:
         """Move a capability from `from_state` to a state, recording the transition (a no-op move only
         updates counters). Compare-and-set: when another job has moved the capability since the caller
-        read `from_state`, nothing is written and False is returned."""
-        with self.store.transaction() as tx:
+        read `from_state`, nothing is written and False is returned. Moves take turns: two
+        concurrent DuckDB transactions updating the same row would fail with a write conflict."""
+        with _STATE_MOVES, self.store.transaction() as tx:
             current = tx.execute("SELECT state FROM capability_states WHERE capability = ?", [capability]).fetchall()
             if current and current[0][0] != from_state:
                 return False
