@@ -100,6 +100,14 @@ class TrainingRunner:
             return run_id
         if not self.registry.set_run_status(run_id, "queued", "running"):
             return None
+        try:
+            return self._train(run, environment)
+        except Exception as error:  # a run never stays 'running' behind a daemon-side error
+            log.exception("training run %d", run_id)
+            return self._fail(run, f"{type(error).__name__}: {error}")
+
+    def _train(self, run: dict[str, Any], environment: dict[str, Any]) -> int | None:
+        run_id = run["run_id"]
         self._move(run["capability"], "training", f"training run {run_id} (adapter v{run['version']}) started")
         directory = Path(run["directory"])
         directory.mkdir(parents=True, exist_ok=True)

@@ -124,6 +124,18 @@ def test_a_crashed_run_is_failed_with_its_error_and_leaves_no_adapter(
     assert runner.run_pass() is None  # the environment has had its run
 
 
+def test_a_daemon_side_error_fails_the_run_instead_of_leaving_it_running(
+    runner_store: tuple[Store, AnalysisStore, Registry], tiny_model: Path
+) -> None:
+    store, analysis, registry = runner_store
+    runner = _runner(store, analysis, registry, tiny_model)
+    runner.directory.mkdir(parents=True, exist_ok=True)
+    (runner.directory / "run-1").write_text("a file where the run directory belongs")
+    run = registry.run(runner.run_pass())
+    assert run["run_id"] == 1 and run["status"] == "failed" and "FileExistsError" in run["error"]
+    assert analysis.states()[FAMILY.capability]["state"] == "environment"
+
+
 def _training_processes() -> list[psutil.Process]:
     return [child for child in psutil.Process().children() if "trainer.train_job" in " ".join(child.cmdline())]
 
