@@ -189,11 +189,28 @@ def create_api(daemon: Daemon) -> FastAPI:
 
     @api.get("/api/adapters/{adapter_id}")
     def adapter(adapter_id: int) -> dict[str, Any]:
-        """One adapter version with its evaluation report."""
+        """One adapter version with its evaluation report and, for a canary or live version, its
+        routed failure rate against what it is judged by."""
         item = daemon.adapter_registry.adapter(adapter_id)
         if item is None:
             raise HTTPException(404, f"no adapter {adapter_id}")
-        return item
+        return {**item, "routing": daemon.promotion.routing(item)}
+
+    @api.get("/api/routing")
+    def routing() -> dict[str, Any]:
+        """The router's routing table (mode, live versions, canary splits) and, per canary or live
+        adapter, its routed failure rate and verdict so far. `router` is null with `router_error`
+        when the router cannot be reached."""
+        try:
+            table, error = daemon.router_admin.routing(), None
+        except RouterError as failure:
+            table, error = None, str(failure)
+        judged = [
+            {"adapter_id": item["adapter_id"], "name": f"{item['capability']}@v{item['version']}", "state": item["state"],
+             **(daemon.promotion.routing(item) or {})}
+            for state in ("canary", "live") for item in daemon.promotion.in_state(state)
+        ]  # fmt: skip
+        return {"router": table, "router_error": error, "adapters": judged}
 
     def decided(call: Any) -> dict[str, Any]:
         try:
@@ -220,7 +237,7 @@ def create_api(daemon: Daemon) -> FastAPI:
 
     @api.post("/api/adapters/{adapter_id}/rollback")
     def rollback(adapter_id: int, body: Decide, caller: Caller) -> dict[str, Any]:
-        """Take a live version out of service; the version it replaced goes live again."""
+        """Take a canary or live version out of service; the version it replaced serves again."""
         return decided(lambda: daemon.promotion.rollback(adapter_id, caller, body.reason, daemon.router_admin))
 
     @api.get("/api/audit")

@@ -47,3 +47,6 @@ CAPABILITY_DELTA = Gauge("tracefix_capability_delta", "ER- minus ER+", ["capabil
 CAPABILITY_COVERAGE = Gauge("tracefix_capability_coverage", "LACKING-on-failed over all failed runs", ["capability"])
 CAPABILITY_STATE = Gauge("tracefix_capability_state", "1 for the capability's current trigger state", ["capability", "state"])
 TRAINING_REQUESTS = Counter("tracefix_training_requests", "Training requests emitted", ["capability", "source"])
+ADAPTER_ROLLBACKS = Counter(
+    "tracefix_adapter_rollbacks", "Adapters rolled back automatically, by the stage that judged them (canary or live)", ["capability", "stage"]
+)

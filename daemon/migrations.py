@@ -362,4 +362,14 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    Migration(
+        8,
+        "canary and live watch",
+        """
+        -- Since when routed traffic counts for the adapter (canary start, then live start), and the
+        -- failure rate it is judged against: the canary's control arm, then the pre-promotion rate.
+        ALTER TABLE adapters ADD COLUMN routed_since_ns UBIGINT;
+        ALTER TABLE adapters ADD COLUMN baseline VARCHAR;
+        """,
+    ),
 )

@@ -1,32 +1,46 @@
 """Promotion: the adapter lifecycle after training, with a person in control and an audit log.
 
-    candidate ──approve──▶ approved ──router loaded──▶ live ──newer version live──▶ retired
-        │                     │                         │
-        └──reject──▶ rejected ◀┘                        └──rollback──▶ rolled_back
-                                                          (the version it replaced goes live again)
+    candidate ──approve──▶ approved ──router loaded──▶ canary ──not worse──▶ live ──newer live──▶ retired
+        │                     │                          │                    │
+        └──reject──▶ rejected ◀┘                         └──worse──▶ rolled_back ◀──worse / rollback
+                                                          (the version it replaced serves again)
 
 Approval only records the decision; the promote job loads the adapter into the router under
-``<capability>@v<N>`` and marks it live only once the router has it, so nothing is half-live: a
-router that is down or refuses leaves the adapter ``approved`` with the error shown, and the next
-pass retries. Every human and automatic decision is written to the audit log (who, when, what, why).
+``<capability>@v<N>`` and moves it on only once the router has it, so nothing is half-live: a
+router that is down or refuses leaves the adapter where it was with the error shown, and the next
+pass retries. With a canary (the default) the new version first takes a share of its capability's
+traffic; once enough of the trajectories it served have outcomes, its failure rate is compared with
+the rest of that traffic (the previous version, or the base model) and it is promoted to all of it
+or rolled back. A live adapter is watched after that too: when its failure rate gets worse than the
+rate before promotion beyond the interval, it is rolled back and its capability cools down. Every
+human and automatic decision is written to the audit log (who, when, what, why) and automatic
+rollbacks are counted in ``tracefix_adapter_rollbacks_total``.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import orjson
 
+from daemon import metrics
+from daemon.canary import Rate, Verdict, capability_failure_rate, judge, routed_outcomes, z_of
 from daemon.registry import Registry
-from daemon.store import Store
+from daemon.settings import Settings
+from daemon.store import AnalysisStore, Store
+from daemon.trigger import start_cooldown
 
 log = logging.getLogger(__name__)
 
-STATES = ("candidate", "approved", "live", "retired", "rejected", "rolled_back")
+AUTOMATIC = "promotion"  # the audit log's actor for decisions the daemon takes itself
+STATES = ("candidate", "approved", "canary", "live", "retired", "rejected", "rolled_back")
 TRANSITIONS: dict[str, frozenset[str]] = {
     "candidate": frozenset({"approved", "rejected"}),
-    "approved": frozenset({"live", "rejected"}),
+    "approved": frozenset({"canary", "live", "rejected"}),
+    "canary": frozenset({"live", "rolled_back"}),
     "live": frozenset({"retired", "rolled_back"}),
     "retired": frozenset({"live"}),  # restored when the version that replaced it is rolled back
     "rejected": frozenset(),
@@ -46,11 +60,13 @@ class NotFound(LookupError):
 class RouterClient(Protocol):
     """What promotion needs from the router's admin API."""
 
-    def load(self, name: str, capability: str, version: int, path: str, description: str) -> None: ...
+    def load(self, name: str, capability: str, version: int, path: str, description: str, canary: float | None = None) -> None: ...
+
+    def promote(self, name: str) -> None: ...
 
     def unload(self, name: str) -> None: ...
 
-    def live(self) -> set[str]: ...
+    def serving(self) -> dict[str, str]: ...
 
 
 def served_name(adapter: dict[str, Any]) -> str:
@@ -67,8 +83,9 @@ class Decision:
 
 
 class Promotion:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, settings: Settings | None = None) -> None:
         self.store = store
+        self.settings = settings or Settings()
         self.registry = Registry(store)
 
     # -- reads ---------------------------------------------------------------------------------
@@ -86,12 +103,43 @@ class Promotion:
         )
 
     def in_state(self, state: str) -> list[dict[str, Any]]:
-        return self.store.query("SELECT * FROM adapters WHERE state = ? ORDER BY adapter_id", [state])
+        return self.registry.adapters(state=state, limit=1_000_000)[::-1]
+
+    def _live_of(self, capability: str, other_than: int) -> dict[str, Any] | None:
+        rows = self.store.query(
+            "SELECT * FROM adapters WHERE capability = ? AND state = 'live' AND adapter_id <> ? ORDER BY version DESC LIMIT 1",
+            [capability, other_than],
+        )
+        return rows[0] if rows else None
+
+    def routing(self, adapter: dict[str, Any]) -> dict[str, Any] | None:
+        """For a canary or live adapter: its routed failure rate, what it is compared with, and the
+        verdict so far (what the dashboard shows next to it)."""
+        if adapter["state"] not in ("canary", "live") or adapter.get("routed_since_ns") is None:
+            return None
+        z_rate = z_of(self.settings.promotion.confidence)
+        name = served_name(adapter)
+        arms = routed_outcomes(self.store, adapter["capability"], adapter["routed_since_ns"])
+        own = arms.get(name, Rate(0, 0))
+        if adapter["state"] == "canary":
+            control_name = self._control_name(adapter)
+            reference, against, needed = arms.get(control_name, Rate(0, 0)), control_name, self.settings.promotion.canary_min_trajectories
+        else:
+            baseline = adapter.get("baseline") or {}
+            reference, against, needed = Rate(baseline.get("failures", 0), baseline.get("total", 0)), "before promotion", self.settings.promotion.watch_min_trajectories
+        verdict = judge(own, reference, self.settings.promotion.confidence, name, against)
+        return {
+            "adapter": own.describe(z_rate), "reference": {"name": against, **reference.describe(z_rate)},
+            "needed": needed, "verdict": verdict.describe(), "since_ns": adapter["routed_since_ns"],
+        }  # fmt: skip
 
     # -- moves ---------------------------------------------------------------------------------
 
-    def move(self, adapter_id: int, to_state: str, actor: str, reason: str, action: str | None = None) -> Decision:
-        """One legal transition, recorded in the audit log in the same transaction."""
+    def move(
+        self, adapter_id: int, to_state: str, actor: str, reason: str, action: str | None = None, **columns: Any
+    ) -> Decision:
+        """One legal transition, recorded in the audit log in the same transaction; `columns` are
+        set on the adapter row with it."""
         if to_state in NEEDS_REASON and not reason.strip():
             raise ValueError(f"a reason is required to move an adapter to {to_state}")
         with self.store.transaction() as tx:
@@ -102,9 +150,10 @@ class Promotion:
             if to_state not in TRANSITIONS.get(from_state, frozenset()):
                 legal = ", ".join(sorted(TRANSITIONS.get(from_state, frozenset()))) or "none (final state)"
                 raise IllegalTransition(f"adapter {adapter_id} is {from_state}; it cannot become {to_state} (legal: {legal})")
+            assignments = "".join(f", {column} = ?" for column in columns)
             tx.execute(
-                "UPDATE adapters SET state = ?, state_reason = ?, last_error = NULL, updated_at = now() WHERE adapter_id = ?",
-                [to_state, reason, adapter_id],
+                f"UPDATE adapters SET state = ?, state_reason = ?, last_error = NULL, updated_at = now(){assignments} WHERE adapter_id = ?",
+                [to_state, reason, *columns.values(), adapter_id],
             )
             tx.execute(
                 "INSERT INTO audit_log (decided_at, actor, action, adapter_id, capability, from_state, to_state, reason) "
@@ -127,32 +176,128 @@ class Promotion:
     # -- going live ----------------------------------------------------------------------------
 
     def promote_pass(self, router: RouterClient) -> list[Decision]:
-        """Load each approved adapter into the router, then mark it live and retire the version it
-        replaces (the router retires that one itself once its in-flight requests finish)."""
+        """Load each approved adapter into the router (as a canary, or straight to all of its
+        capability's traffic), then judge canaries and watch live adapters."""
         decisions = []
+        settings = self.settings.promotion
         for adapter in self.in_state("approved"):
             name = served_name(adapter)
-            try:
-                router.load(name, adapter["capability"], adapter["version"], adapter["path"], adapter["capability"])
-            except Exception as error:  # the router is down or refused: stays approved, retried
-                self.record_error(adapter["adapter_id"], f"router did not load {name}: {error}")
-                log.warning("router did not load %s: %s", name, error)
+            fraction = settings.canary_fraction if settings.canary else None
+            if not self._router_call(adapter, f"router did not load {name}", router.load, name, adapter["capability"],
+                                     adapter["version"], adapter["path"], adapter["capability"], fraction):  # fmt: skip
                 continue
-            for previous in self.store.query(
-                "SELECT adapter_id, version FROM adapters WHERE capability = ? AND state = 'live' AND adapter_id <> ?",
-                [adapter["capability"], adapter["adapter_id"]],
-            ):
-                decisions.append(self.move(previous["adapter_id"], "retired", "promotion", f"replaced by {name}", "retire"))
-            decisions.append(self.move(adapter["adapter_id"], "live", "promotion", f"loaded into the router as {name}", "go_live"))
+            if fraction is None:
+                decisions += self._go_live(adapter, self._pre_promotion_rate(adapter), f"loaded into the router as {name}")
+            else:
+                control = self._control_name(adapter)
+                reason = f"canary: {fraction:.0%} of {adapter['capability']} traffic, the rest on {control}"
+                decisions.append(self.move(adapter["adapter_id"], "canary", AUTOMATIC, reason, "canary", routed_since_ns=time.time_ns()))
+        for adapter in self.in_state("canary"):
+            decisions += self._judge_canary(adapter, router)
+        if settings.watch:
+            for adapter in self.in_state("live"):
+                decisions += self._watch(adapter, router)
         return decisions
 
-    def rollback(self, adapter_id: int, actor: str, reason: str, router: RouterClient) -> list[Decision]:
-        """Take a live version out of service; the version it replaced (if any) goes live again."""
+    def _judge_canary(self, adapter: dict[str, Any], router: RouterClient) -> list[Decision]:
+        name, control = served_name(adapter), self._control_name(adapter)
+        arms = routed_outcomes(self.store, adapter["capability"], adapter["routed_since_ns"] or 0)
+        canary, reference = arms.get(name, Rate(0, 0)), arms.get(control, Rate(0, 0))
+        if canary.total < self.settings.promotion.canary_min_trajectories:
+            return []
+        verdict = judge(canary, reference, self.settings.promotion.confidence, f"canary {name}", control)
+        if verdict.worse:
+            if not self._router_call(adapter, f"router did not unload {name}", router.unload, name):
+                return []
+            return self._rolled_back(adapter, "canary", verdict)
+        if not self._router_call(adapter, f"router did not promote {name}", router.promote, name):
+            return []
+        return self._go_live(adapter, reference, verdict.reason)
+
+    def _watch(self, adapter: dict[str, Any], router: RouterClient) -> list[Decision]:
+        baseline = adapter.get("baseline")
+        if not baseline or adapter.get("routed_since_ns") is None:
+            return []
+        name = served_name(adapter)
+        live = routed_outcomes(self.store, adapter["capability"], adapter["routed_since_ns"]).get(name, Rate(0, 0))
+        if live.total < self.settings.promotion.watch_min_trajectories:
+            return []
+        before = Rate(baseline["failures"], baseline["total"])
+        verdict = judge(live, before, self.settings.promotion.confidence, f"live {name}", "before promotion")
+        if not verdict.worse:
+            return []
+        try:
+            decisions = self.rollback(adapter["adapter_id"], AUTOMATIC, verdict.reason, router, watched=True)
+        except Exception as error:  # the router is down: stays live, retried next pass
+            self.record_error(adapter["adapter_id"], f"automatic rollback of {name} failed: {error}")
+            return []
+        self._after_rollback(adapter, "live", verdict)
+        return decisions
+
+    def _go_live(self, adapter: dict[str, Any], baseline: Rate, reason: str) -> list[Decision]:
+        """Mark `adapter` live with the failure rate it will be watched against; the version it
+        replaces retires (the router unloads that one once its in-flight requests finish)."""
+        name = served_name(adapter)
+        decisions = []
+        previous = self._live_of(adapter["capability"], adapter["adapter_id"])
+        if previous is not None:
+            decisions.append(self.move(previous["adapter_id"], "retired", AUTOMATIC, f"replaced by {name}", "retire"))
+        decisions.append(
+            self.move(
+                adapter["adapter_id"], "live", AUTOMATIC, reason, "go_live",
+                routed_since_ns=time.time_ns(), baseline=orjson.dumps({"failures": baseline.failures, "total": baseline.total}).decode(),
+            )  # fmt: skip
+        )
+        start_cooldown(AnalysisStore(self.store), adapter["capability"], f"{name} went live", self.settings.trigger.cooldown_hours)
+        return decisions
+
+    def _rolled_back(self, adapter: dict[str, Any], stage: str, verdict: Verdict) -> list[Decision]:
+        decision = self.move(adapter["adapter_id"], "rolled_back", AUTOMATIC, verdict.reason, "rollback")
+        self._after_rollback(adapter, stage, verdict)
+        return [decision]
+
+    def _after_rollback(self, adapter: dict[str, Any], stage: str, verdict: Verdict) -> None:
+        metrics.ADAPTER_ROLLBACKS.labels(adapter["capability"], stage).inc()
+        start_cooldown(
+            AnalysisStore(self.store), adapter["capability"], f"{served_name(adapter)} rolled back: {verdict.reason}",
+            self.settings.trigger.cooldown_hours,
+        )  # fmt: skip
+        log.warning("%s rolled back automatically (%s): %s", served_name(adapter), stage, verdict.reason)
+
+    def _control_name(self, adapter: dict[str, Any]) -> str:
+        """What serves the capability's traffic outside the canary: its live version, or the base model."""
+        previous = self._live_of(adapter["capability"], adapter["adapter_id"])
+        return served_name(previous) if previous is not None else self.settings.router.model_name
+
+    def _pre_promotion_rate(self, adapter: dict[str, Any]) -> Rate:
+        """Without a canary: the capability's failure rate in the latest analysis pass."""
+        return capability_failure_rate(self.store, adapter["capability"], self.settings.analysis.selection_window)
+
+    def _router_call(self, adapter: dict[str, Any], failure: str, call: Any, *arguments: Any) -> bool:
+        try:
+            call(*arguments)
+            return True
+        except Exception as error:  # the router is down or refused: nothing moves, the next pass retries
+            self.record_error(adapter["adapter_id"], f"{failure}: {error}")
+            log.warning("%s: %s", failure, error)
+            return False
+
+    def rollback(
+        self, adapter_id: int, actor: str, reason: str, router: RouterClient, watched: bool = False
+    ) -> list[Decision]:
+        """Take a canary or live version out of service; the version it replaced (if any) serves again
+        and the capability cools down (`watched`: the watch that called it records its own why)."""
         adapter = self.adapter(adapter_id)
-        if adapter["state"] != "live":
-            raise IllegalTransition(f"adapter {adapter_id} is {adapter['state']}; only a live adapter can be rolled back")
+        if adapter["state"] not in ("live", "canary"):
+            raise IllegalTransition(f"adapter {adapter_id} is {adapter['state']}; only a canary or live adapter can be rolled back")
         if not reason.strip():
             raise ValueError("a reason is required to roll back an adapter")
+        if not watched:
+            cool = f"{served_name(adapter)} rolled back by {actor}: {reason}"
+            start_cooldown(AnalysisStore(self.store), adapter["capability"], cool, self.settings.trigger.cooldown_hours)
+        if adapter["state"] == "canary":  # the previous version never stopped serving
+            router.unload(served_name(adapter))
+            return [self.move(adapter_id, "rolled_back", actor, reason, "rollback")]
         previous = self.store.query(
             "SELECT * FROM adapters WHERE capability = ? AND state = 'retired' AND version < ? ORDER BY version DESC LIMIT 1",
             [adapter["capability"], adapter["version"]],
@@ -162,19 +307,29 @@ class Promotion:
         router.unload(served_name(adapter))
         decisions = [self.move(adapter_id, "rolled_back", actor, reason, "rollback")]
         if previous:
-            decisions.append(self.move(previous[0]["adapter_id"], "live", actor, f"restored: {served_name(adapter)} rolled back", "restore"))
+            decisions.append(
+                self.move(previous[0]["adapter_id"], "live", actor, f"restored: {served_name(adapter)} rolled back", "restore",
+                          routed_since_ns=time.time_ns())  # fmt: skip
+            )
         return decisions
 
     def reconcile(self, router: RouterClient) -> tuple[list[str], list[str]]:
-        """Bring the router to exactly the live set the registry records (after either restarts)."""
-        wanted = {served_name(adapter): adapter for adapter in self.in_state("live")}
-        serving = router.live()
+        """Bring the router to exactly the registry's live and canary set (after either restarts):
+        live versions first, so a canary's control is in place before it takes its share."""
+        settings = self.settings.promotion
+        wanted = {served_name(adapter): (adapter, None) for adapter in self.in_state("live")}
+        wanted |= {served_name(adapter): (adapter, settings.canary_fraction) for adapter in self.in_state("canary")}
+        serving = router.serving()
         loaded, unloaded = [], []
-        for name, adapter in wanted.items():
-            if name not in serving:
-                router.load(name, adapter["capability"], adapter["version"], adapter["path"], adapter["capability"])
-                loaded.append(name)
-        for name in serving - set(wanted):
+        for name, (adapter, fraction) in wanted.items():
+            role = "canary" if fraction is not None else "live"
+            if serving.get(name) == role:
+                continue
+            if name in serving:  # loaded in the wrong role: a canary the router took for the version
+                router.unload(name)
+            router.load(name, adapter["capability"], adapter["version"], adapter["path"], adapter["capability"], fraction)
+            loaded.append(name)
+        for name in set(serving) - set(wanted):
             router.unload(name)
             unloaded.append(name)
         return loaded, unloaded

@@ -16,7 +16,7 @@ import orjson
 from daemon.store import Store
 
 RUN_STATES = ("queued", "running", "candidate", "rejected_by_eval", "failed")
-_JSON_COLUMNS = ("config", "result", "evaluation", "tools", "validation", "checks")
+_JSON_COLUMNS = ("config", "result", "evaluation", "tools", "validation", "checks", "baseline")
 
 
 def _decoded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ serves. Errors are raised with the router's own message so promotion can show th
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -41,13 +42,20 @@ class RouterAdmin:
         except (ValueError, KeyError, TypeError):
             return response.text[:300]
 
-    def load(self, name: str, capability: str, version: int, path: str, description: str) -> None:
-        """Load ``<capability>@v<version>``; already serving it counts as loaded (never reloaded)."""
-        body = {"capability": capability, "version": version, "path": path, "description": description}
+    def load(self, name: str, capability: str, version: int, path: str, description: str, canary: float | None = None) -> None:
+        """Load ``<capability>@v<version>`` (as a canary taking `canary` of the capability's traffic);
+        already serving it counts as loaded (never reloaded)."""
+        body = {"capability": capability, "version": version, "path": path, "description": description, "canary": canary}
         response = self._call("POST", "/admin/adapters", json=body)
         if response.status_code == 409 or response.is_success:
             return
         raise RouterError(f"router refused {name} ({response.status_code}): {self._message(response)}")
+
+    def promote(self, name: str) -> None:
+        """A canary takes all of its capability's traffic; the version before it retires."""
+        response = self._call("POST", f"/admin/adapters/{name}/promote")
+        if not response.is_success:
+            raise RouterError(f"router did not promote {name} ({response.status_code}): {self._message(response)}")
 
     def unload(self, name: str) -> None:
         response = self._call("DELETE", f"/admin/adapters/{name}")
@@ -55,9 +63,13 @@ class RouterAdmin:
             return
         raise RouterError(f"router did not unload {name} ({response.status_code}): {self._message(response)}")
 
-    def live(self) -> set[str]:
-        """The adapter versions the router serves (its /v1/models, less the base model)."""
-        response = self._call("GET", "/v1/models")
+    def routing(self) -> dict[str, Any]:
+        """The router's routing table: mode, capabilities, canaries and adapters."""
+        response = self._call("GET", "/admin/routing")
         if not response.is_success:
-            raise RouterError(f"router /v1/models answered {response.status_code}")
-        return {item["id"] for item in response.json()["data"] if "@v" in item["id"]}
+            raise RouterError(f"router /admin/routing answered {response.status_code}: {self._message(response)}")
+        return response.json()
+
+    def serving(self) -> dict[str, str]:
+        """The adapter versions that take requests, each with its role: 'live' or 'canary'."""
+        return {item["name"]: item["role"] for item in self.routing()["adapters"] if item["role"] != "retiring"}

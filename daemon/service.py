@@ -75,7 +75,7 @@ class Daemon:
         self.validator = Validator(self.analysis_store, settings)
         self.adapter_registry = Registry(self.store)
         self.training = TrainingRunner(self.analysis_store, self.adapter_registry, settings)
-        self.promotion = Promotion(self.store)
+        self.promotion = Promotion(self.store, settings)
         self.router_admin = RouterAdmin(settings)
         self.last_analysis: dict[str, Any] | None = None
         self.http_receiver = HttpReceiver(self.ingestor, collector.max_body_bytes, collector.token)
@@ -113,10 +113,11 @@ class Daemon:
         return run
 
     def _promote(self) -> None:
-        """Approved adapters go live in the router; the router serves exactly the registry's live set."""
-        self.promotion.promote_pass(self.router_admin)
-        if self.promotion.in_state("live"):
+        """Approved adapters go to the router, canaries and live adapters are judged on their routed
+        outcomes, and the router serves exactly the registry's live and canary set."""
+        if self.promotion.in_state("live") or self.promotion.in_state("canary"):
             self.promotion.reconcile(self.router_admin)
+        self.promotion.promote_pass(self.router_admin)
 
     def _assemble(self) -> None:
         # Ingest first: while exporters are sending, assemble in small passes so no pass holds
@@ -253,7 +254,7 @@ class Daemon:
             self.scheduler.add_job(
                 self._job("promote", self._promote),
                 "interval",
-                seconds=self.settings.analysis.interval_s,
+                seconds=self.settings.promotion.interval_s,
                 id="promote",
             )
             self.scheduler.add_job(

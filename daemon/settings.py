@@ -209,6 +209,26 @@ class RouterSettings(Section):
     otlp_endpoint: str = Field("http://127.0.0.1:4318", description="Where the router's spans go (OTLP/HTTP).")
 
 
+class PromotionSettings(Section):
+    interval_s: float = Field(10.0, gt=0, description="How often approved adapters are taken live and canaries and live adapters are judged.")
+    canary: bool = Field(True, description="A newly approved version first takes a share of its capability's traffic.")
+    canary_fraction: float = Field(0.2, gt=0, lt=1, description="Share of the capability's traffic the canary takes.")
+    canary_min_trajectories: int = Field(50, ge=1, description="Routed trajectories with outcomes the canary needs before a verdict.")
+    watch: bool = Field(True, description="Roll a live adapter back when its failure rate gets worse than before promotion.")
+    watch_min_trajectories: int = Field(50, ge=1, description="Trajectories with outcomes on a live adapter before it can be rolled back.")
+    confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence of the failure-rate comparisons (Newcombe interval of the difference).")
+
+
+class DashboardSettings(Section):
+    host: str = Field("127.0.0.1", description="Interface the Streamlit dashboard binds to.")
+    port: int = Field(8501, ge=1, le=65535, description="Dashboard port.")
+    refresh_s: float = Field(5.0, ge=0, description="Each page reloads its data this often, in seconds; 0 = only on interaction.")
+    api_url: str = Field(
+        "", description="Daemon API the dashboard calls; empty = http://<[api] host>:<[api] port> (loopback for 0.0.0.0)."
+    )
+    timeout_s: float = Field(10.0, gt=0, description="Timeout of one daemon API request from the dashboard.")
+
+
 CAPABILITY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
@@ -286,6 +306,8 @@ class Settings(Section):
     validation: GateSettings = GateSettings()
     training: TrainingSettings = TrainingSettings()
     router: RouterSettings = RouterSettings()
+    promotion: PromotionSettings = PromotionSettings()
+    dashboard: DashboardSettings = DashboardSettings()
 
 
 class ConfigError(ValueError):

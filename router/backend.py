@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from daemon.settings import Settings
 from trainer import adapters
@@ -68,9 +68,10 @@ class Finished:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """Generation failed for the whole request."""
+    """Generation failed for the whole request; ``status`` is the HTTP status that says why."""
 
     message: str
+    status: int = 500
 
 
 Event = Delta | Finished | Failed
@@ -114,8 +115,72 @@ class AdapterConflict(ValueError):
     """An adapter name is already loaded; versions are immutable, so load under a new version."""
 
 
+class BackendUnavailable(RuntimeError):
+    """The model server behind the router cannot answer now (503) or answered nonsense (502)."""
+
+    def __init__(self, message: str, status: int = 503) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Backend(Protocol):
+    """What the server and the routing table use of a backend: `EmbeddedBackend` here, or
+    `router.vllm.VllmBackend` in front of a vLLM server."""
+
+    model_dir: Path
+    max_batch: int
+    supports_gate: bool  # the token-level gate mixes adapters inside one forward pass
+    loaded: dict[str, Path]
+
+    @property
+    def context_tokens(self) -> int: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def health(self) -> str: ...
+
+    def load(self, name: str, directory: Path) -> None: ...
+
+    def unload(self, name: str) -> None: ...
+
+    def check_gate(self, gate: GateSpec) -> None: ...
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]: ...
+
+    def token_id(self, text: str) -> int: ...
+
+    def next_token_scores(self, prompt: list[int], token_ids: Sequence[int]) -> list[float]: ...
+
+    def submit(self, generation: Generation) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def chat_token_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
+    """Token ids of a conversation in the model's chat template, ending with the assistant prompt."""
+    from jinja2 import TemplateError
+
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except TemplateError as error:
+        raise ValueError(f"the model's chat template refused the messages: {error}") from None
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def first_token_id(tokenizer: Any, text: str) -> int:
+    """The first token of `text`, as the model would write it at the start of its answer."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ValueError(f"{text!r} has no tokens")
+    return ids[0]
+
+
 class EmbeddedBackend:
     """The base model, its loaded adapters and the generation thread."""
+
+    supports_gate = True
 
     def __init__(
         self, model: str, cache_dir: Path, max_batch: int = 8, max_context_tokens: int = 8192, threads: int = 0
@@ -153,6 +218,10 @@ class EmbeddedBackend:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    @property
+    def health(self) -> str:
+        return "ok" if self.alive else "generation stopped"
 
     # -- adapters ---------------------------------------------------------------------------------
 
@@ -223,20 +292,11 @@ class EmbeddedBackend:
 
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         """Token ids of a conversation in the model's chat template, ending with the assistant prompt."""
-        from jinja2 import TemplateError
-
-        try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except TemplateError as error:
-            raise ValueError(f"the model's chat template refused the messages: {error}") from None
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return chat_token_ids(self.tokenizer, messages)
 
     def token_id(self, text: str) -> int:
         """The first token of `text`, as the model would write it at the start of its answer."""
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if not ids:
-            raise ValueError(f"{text!r} has no tokens")
-        return ids[0]
+        return first_token_id(self.tokenizer, text)
 
     def next_token_logits(self, prompt: list[int]) -> Any:
         """The base model's next-token logits after `prompt` (adapters off), as a 1-D tensor."""
@@ -246,6 +306,11 @@ class EmbeddedBackend:
             self._use_gate(None)
             output = self.model(input_ids=torch.tensor([prompt]), logits_to_keep=1, **self._adapter_arguments([None]))
         return output.logits[0, -1].float()
+
+    def next_token_scores(self, prompt: list[int], token_ids: Sequence[int]) -> list[float]:
+        """The base model's next-token logits after `prompt` of `token_ids` only, in their order."""
+        logits = self.next_token_logits(prompt)
+        return [float(logits[token]) for token in token_ids]
 
     # -- generation -------------------------------------------------------------------------------
 

@@ -11,7 +11,9 @@ for, so replacing or removing one of its adapters falls back to classifier routi
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import random
 import threading
 import time
 from collections import OrderedDict
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from router import metrics
-from router.backend import AdapterConflict, EmbeddedBackend, GateSpec
+from router.backend import AdapterConflict, Backend, BackendUnavailable, GateSpec
 from trainer.adapters import AdapterRejected, read_manifest
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,13 @@ CLASSIFIER_INSTRUCTIONS = (
 )
 CLASSIFIER_CHARS = 4000  # of the first user turn; the label depends on what the task is, not its details
 CLASSIFIER_CACHE = 1024  # an agent repeats its first user turn on every step of a run
+
+
+def _unit_hash(text: str | None) -> float:
+    """A stable number in [0, 1) for a conversation's first user turn (random without one)."""
+    if text is None:
+        return random.random()
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") / 2**64
 
 
 class RoutingError(ValueError):
@@ -61,6 +70,11 @@ class LiveAdapter:
     loaded_at: float
     in_flight: int = 0
     retiring: bool = False
+    canary: float | None = None  # a canary's share of its capability's traffic
+
+    @property
+    def role(self) -> str:
+        return "retiring" if self.retiring else "canary" if self.canary is not None else "live"
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -72,6 +86,8 @@ class LiveAdapter:
             "loaded_at": self.loaded_at,
             "in_flight": self.in_flight,
             "state": "retiring" if self.retiring else "live",
+            "role": self.role,
+            "canary": self.canary,
         }
 
 
@@ -84,6 +100,8 @@ class Lease:
     reason: str
     experts: tuple[str, ...] = ()
     gate: GateSpec | None = None
+    capability: str | None = None  # whose traffic this request is, when routing picked a capability
+    arm: str | None = None  # while that capability has a canary: "canary" or "control"
     released: bool = field(default=False, repr=False)
 
 
@@ -97,7 +115,7 @@ def classifier_messages(first_user: str, options: Sequence[tuple[str, str]]) -> 
 class Classifier:
     """Routes by the base model's next-token logits over the label tokens A, B, C… and "base"."""
 
-    def __init__(self, backend: EmbeddedBackend) -> None:
+    def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.label_ids = [backend.token_id(label) for label in (*LABELS, BASE)]
         if len(set(self.label_ids)) != len(self.label_ids):
@@ -108,9 +126,8 @@ class Classifier:
     def scores(self, first_user: str, descriptions: Sequence[str]) -> list[float]:
         """Logits of the labels of `descriptions` (in order), then of "base"."""
         options = list(zip(LABELS, descriptions))
-        logits = self.backend.next_token_logits(self.backend.encode_chat(classifier_messages(first_user, options)))
-        ids = [*self.label_ids[: len(options)], self.label_ids[-1]]
-        return [float(logits[token]) for token in ids]
+        prompt = self.backend.encode_chat(classifier_messages(first_user, options))
+        return self.backend.next_token_scores(prompt, [*self.label_ids[: len(options)], self.label_ids[-1]])
 
     def choose(self, first_user: str, candidates: Sequence[tuple[str, str]]) -> str | None:
         """The name of the candidate (name, description) whose label scores highest, or None for base."""
@@ -121,7 +138,8 @@ class Classifier:
                 return self._cache[key]
         scores = self.scores(first_user, [description for _, description in candidates])
         best = max(range(len(scores)), key=scores.__getitem__)
-        choice = candidates[best][0] if best < len(candidates) else None
+        # A backend that reports only its top tokens scores an unseen label -inf; none seen is base.
+        choice = candidates[best][0] if best < len(candidates) and scores[best] > float("-inf") else None
         with self._cache_lock:
             self._cache[key] = choice
             while len(self._cache) > CLASSIFIER_CACHE:
@@ -132,11 +150,12 @@ class Classifier:
 class RoutingTable:
     """Live adapters, the mode, and the leases requests hold on adapter versions."""
 
-    def __init__(self, backend: EmbeddedBackend, mode: str = "classifier", fixed: str | None = None) -> None:
+    def __init__(self, backend: Backend, mode: str = "classifier", fixed: str | None = None) -> None:
         self.backend = backend
         self.classifier = Classifier(backend)
         self.adapters: dict[str, LiveAdapter] = {}
         self.current: dict[str, str] = {}  # capability -> the version its traffic goes to
+        self.canaries: dict[str, str] = {}  # capability -> a new version taking a share of that traffic
         self.mode = "off"
         self.fixed: str | None = None  # in mode fixed: the capability it follows; None is the base model
         self.gate: GateSpec | None = None  # in mode gate: the gate weights and the versions they mix
@@ -166,25 +185,44 @@ class RoutingTable:
                 adapter = self.adapters.get(pinned)
                 if adapter is None or adapter.retiring:
                     raise UnknownAdapter(pinned)
-                return self._hold("pinned", [pinned])
+                lease = self._hold("pinned", [pinned])
+                lease.capability = adapter.capability
+                return lease
             if self.mode == "off":
                 return Lease(None, "off")
             if self.mode == "fixed":
-                target = self.current.get(self.fixed) if self.fixed is not None else None
-                return self._hold("fixed", [target] if target else [])
+                return self._serve("fixed", self.fixed, first_user) if self.fixed is not None else Lease(None, "fixed")
             if self.mode == GATE and self.gate is not None:
                 lease = self._hold(GATE, list(self.gate.adapters))
                 lease.adapter, lease.gate = GATE, self.gate
                 return lease
-            candidates = [self.adapters[name] for _, name in sorted(self.current.items())][: len(LABELS)]
+            candidates = [
+                (capability, self.adapters[self.current.get(capability) or self.canaries[capability]].description)
+                for capability in sorted(set(self.current) | set(self.canaries))
+            ][: len(LABELS)]
         if not candidates or not first_user:
             return Lease(None, "classifier")
         # The forward pass runs outside the table lock; a swap meanwhile sends the request to the
         # capability's new version, as it would any request that starts after the swap.
-        choice = self.classifier.choose(first_user, [(adapter.name, adapter.description) for adapter in candidates])
-        capability = next((adapter.capability for adapter in candidates if adapter.name == choice), None)
+        capability = self.classifier.choose(first_user, candidates)
         with self._lock:
-            return self._hold("classifier", [self.current[capability]] if capability in self.current else [])
+            return self._serve("classifier", capability, first_user)
+
+    def _serve(self, reason: str, capability: str | None, first_user: str | None) -> Lease:
+        """Hold the version that serves `capability`'s request (table lock held): its live version, or
+        its canary for the canary's share of conversations. A conversation keeps its arm for all of
+        its requests: the split hashes its first user turn."""
+        if capability is None:
+            return Lease(None, reason)
+        current, canary = self.current.get(capability), self.canaries.get(capability)
+        arm = None
+        if canary is not None:
+            share = self.adapters[canary].canary or 0.0
+            arm = "canary" if _unit_hash(first_user) < share else "control"
+            current = canary if arm == "canary" else current
+        lease = self._hold(reason, [current] if current else [])
+        lease.capability, lease.arm = capability, arm
+        return lease
 
     def _hold(self, reason: str, names: list[str]) -> Lease:
         for name in names:
@@ -209,10 +247,16 @@ class RoutingTable:
 
     # -- administration ---------------------------------------------------------------------------
 
-    def add(self, capability: str, version: int, path: Path, description: str) -> dict[str, Any]:
+    def add(
+        self, capability: str, version: int, path: Path, description: str, canary: float | None = None
+    ) -> dict[str, Any]:
         """Load `<capability>@v<version>` and switch the capability's traffic to it; the previous
-        version retires. A rejected adapter raises `AdapterRejected` and changes nothing."""
+        version retires. With `canary`, the new version takes only that share of the traffic (the
+        rest stays where it was) until `promote`; a canary it replaces retires. A rejected adapter
+        raises `AdapterRejected` and changes nothing."""
         name = adapter_name(capability, version)
+        if canary is not None and not 0 < canary < 1:
+            raise RoutingError(f"a canary takes a share of the traffic strictly between 0 and 1, not {canary}")
         with self._admin:
             with self._lock:
                 if name in self.adapters:
@@ -225,23 +269,51 @@ class RoutingTable:
                     found = f"{manifest.get('capability')!r} v{manifest.get('version')}"
                     raise AdapterRejected(f"{path} holds {found}, not {capability!r} v{version}")
                 self.backend.load(name, path)
-            except (AdapterRejected, AdapterConflict):
+            except (AdapterRejected, AdapterConflict, BackendUnavailable):
                 metrics.SWAPS.labels("refused").inc()
                 raise
             with self._lock:
-                previous = self.current.get(capability)
                 self.adapters[name] = LiveAdapter(
-                    name, capability, version, description or capability.replace("_", " "), str(path), time.time()
+                    name, capability, version, description or capability.replace("_", " "), str(path), time.time(), canary=canary
                 )
-                self.current[capability] = name
-                retired = self._retire(previous) if previous else None
+                replaced = [self.canaries.pop(capability, None)]
+                if canary is None:
+                    replaced.append(self.current.get(capability))
+                    self.current[capability] = name
+                else:
+                    self.canaries[capability] = name
+                retired = [self._retire(old) for old in replaced if old]
             seconds = time.perf_counter() - started
             metrics.SWAPS.labels("loaded").inc()
             metrics.SWAP_SECONDS.observe(seconds)
-            log.info("%s live (%s) in %.3f s", name, f"replacing {previous}" if previous else "new", seconds)
+            previous = ", ".join(old for old in replaced if old) or None
+            role = f"canary at {canary:.0%}" if canary is not None else "live"
+            log.info("%s %s (%s) in %.3f s", name, role, f"replacing {previous}" if previous else "new", seconds)
+            for adapter in retired:
+                if adapter is not None:
+                    self._unload(adapter)
+            return {**self.adapters[name].describe(), "replaced": previous, "seconds": round(seconds, 4)}
+
+    def promote(self, name: str) -> dict[str, Any]:
+        """A canary takes all of its capability's traffic; the version it replaces retires."""
+        with self._admin:
+            with self._lock:
+                adapter = self.adapters.get(name)
+                if adapter is None or adapter.retiring:
+                    raise UnknownAdapter(name)
+                if self.canaries.get(adapter.capability) != name:
+                    raise RoutingError(f"{name} is not a canary; only a canary can be promoted")
+                del self.canaries[adapter.capability]
+                previous = self.current.get(adapter.capability)
+                self.current[adapter.capability] = name
+                adapter.canary = None
+                retired = self._retire(previous) if previous else None
+                description = adapter.describe()
+            metrics.SWAPS.labels("promoted").inc()
+            log.info("%s promoted to all %s traffic%s", name, adapter.capability, f", replacing {previous}" if previous else "")
             if retired is not None:
                 self._unload(retired)
-            return {**self.adapters[name].describe(), "replaced": previous, "seconds": round(seconds, 4)}
+            return {**description, "replaced": previous}
 
     def remove(self, name: str) -> dict[str, Any]:
         """Stop routing to a live adapter; it is unloaded once its in-flight requests end."""
@@ -252,6 +324,8 @@ class RoutingTable:
                     raise UnknownAdapter(name)
                 if self.current.get(adapter.capability) == name:
                     del self.current[adapter.capability]
+                if self.canaries.get(adapter.capability) == name:
+                    del self.canaries[adapter.capability]
                 retired = self._retire(name)
                 description = adapter.describe()
             if retired is not None:
@@ -295,6 +369,11 @@ class RoutingTable:
 
     def _gate_spec(self, path: str | None) -> GateSpec:
         """Gate weights whose adapters are all live, installed once to prove they fit."""
+        if not self.backend.supports_gate:
+            raise RoutingError(
+                "routing mode 'gate' needs the embedded backend: vLLM applies one LoRA adapter per request and "
+                "cannot mix adapters token by token; use classifier, fixed or off with backend 'vllm'"
+            )
         try:
             from router.gate import gate_adapters
         except Exception as error:  # missing or broken, the caller's answer is the same
@@ -342,6 +421,10 @@ class RoutingTable:
                 "fixed": (self.fixed or BASE) if self.mode == "fixed" else None,
                 "gate": {"path": str(self.gate.path), "adapters": list(self.gate.adapters)} if self.gate else None,
                 "capabilities": dict(sorted(self.current.items())),
+                "canaries": {
+                    capability: {"name": name, "share": self.adapters[name].canary, "control": self.current.get(capability)}
+                    for capability, name in sorted(self.canaries.items())
+                },
                 "adapters": [adapter.describe() for _, adapter in sorted(self.adapters.items())],
             }
 

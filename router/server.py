@@ -31,7 +31,17 @@ from daemon.router_client import ROUTER_TOKEN_FILE
 from daemon.settings import CAPABILITY_NAME, ConfigError, Settings
 from daemon.sockets import bind
 from router import metrics, protocol
-from router.backend import AdapterConflict, Delta, EmbeddedBackend, Event, Failed, Finished, Generation
+from router.backend import (
+    AdapterConflict,
+    Backend,
+    BackendUnavailable,
+    Delta,
+    EmbeddedBackend,
+    Event,
+    Failed,
+    Finished,
+    Generation,
+)
 from router.protocol import ApiError, ChatRequest
 from router.routing import Lease, RoutingError, RoutingTable, UnknownAdapter
 from router.telemetry import Telemetry
@@ -91,6 +101,9 @@ class AdapterLoad(BaseModel):
     version: int = Field(ge=1)
     path: str = Field(min_length=1)
     description: str = Field("", max_length=2000, description="What the capability is; the classifier reads it.")
+    canary: float | None = Field(
+        None, gt=0, lt=1, description="Load as a canary taking this share of the capability's traffic until promoted."
+    )
 
 
 class RoutingChange(BaseModel):
@@ -111,6 +124,14 @@ def authorized(request: Request) -> None:
 
 def model_not_found(model: str) -> ApiError:
     return ApiError(404, f"The model `{model}` does not exist.", code="model_not_found", param="model")
+
+
+def unavailable(error: BackendUnavailable) -> ApiError:
+    return ApiError(error.status, str(error), kind="server_error")
+
+
+def failure(event: Failed) -> ApiError:
+    return ApiError(event.status, event.message, kind="server_error" if event.status >= 500 else "invalid_request_error")
 
 
 class _Call:
@@ -146,6 +167,8 @@ class _Call:
             "tracefix.router.adapter": expert,
             "tracefix.router.reason": lease.reason,
             "tracefix.router.experts": list(lease.experts) or None,
+            "tracefix.router.capability": lease.capability,
+            "tracefix.router.arm": lease.arm,
         })  # fmt: skip
 
     def close(
@@ -172,7 +195,7 @@ class _Call:
         self.telemetry.record(self.headers, self.start_ns, time.time_ns(), self.attributes, error)
 
 
-def create_app(settings: Settings, backend: EmbeddedBackend) -> FastAPI:
+def create_app(settings: Settings, backend: Backend) -> FastAPI:
     """The FastAPI application serving `backend` with the routing of `settings.router`."""
     router_settings = settings.router
     base_name = router_settings.model_name
@@ -207,7 +230,7 @@ def create_app(settings: Settings, backend: EmbeddedBackend) -> FastAPI:
     @app.get("/healthz")
     def healthz() -> JSONResponse:
         healthy = backend.alive
-        body = {"status": "ok" if healthy else "generation stopped", "model": base_name, "adapters": len(table.live())}
+        body = {"status": backend.health, "model": base_name, "adapters": len(table.live())}
         return JSONResponse(body, 200 if healthy else 503)
 
     @app.get("/metrics")
@@ -256,6 +279,8 @@ def create_app(settings: Settings, backend: EmbeddedBackend) -> FastAPI:
                 lease = await run_in_threadpool(table.acquire, pinned, chat.first_user_turn())
             except UnknownAdapter:  # retired between the check and the lease
                 raise model_not_found(chat.model) from None
+            except BackendUnavailable as error:  # the classifier could not ask the model
+                raise unavailable(error) from None
             completion_id = f"chatcmpl-{uuid.uuid4().hex}"
             expert = lease.adapter or base_name
             call.routed(lease, expert, completion_id)
@@ -288,11 +313,11 @@ def create_app(settings: Settings, backend: EmbeddedBackend) -> FastAPI:
             while len(finished) < chat.n:
                 event = await events.get()
                 if isinstance(event, Failed):
-                    raise ApiError(500, event.message, kind="server_error")
+                    raise failure(event)
                 if isinstance(event, Finished):
                     finished[event.choice] = event
         except ApiError as error:
-            call.close(error.kind)
+            call.close(error.code or error.kind)
             return JSONResponse(error.body(), error.status)
         except BaseException:
             call.close("cancelled")  # the client went away
@@ -321,11 +346,22 @@ def create_app(settings: Settings, backend: EmbeddedBackend) -> FastAPI:
     @app.post("/admin/adapters", dependencies=[Depends(authorized)])
     def load_adapter(body: AdapterLoad) -> dict[str, Any]:
         try:
-            return table.add(body.capability, body.version, Path(body.path), body.description)
+            return table.add(body.capability, body.version, Path(body.path), body.description, body.canary)
         except AdapterRejected as error:
             raise ApiError(422, str(error), code="adapter_rejected", param="path") from None
         except AdapterConflict as error:
             raise ApiError(409, str(error), code="adapter_exists") from None
+        except BackendUnavailable as error:
+            raise unavailable(error) from None
+
+    @app.post("/admin/adapters/{name}/promote", dependencies=[Depends(authorized)])
+    def promote_adapter(name: str) -> dict[str, Any]:
+        try:
+            return table.promote(name)
+        except UnknownAdapter:
+            raise ApiError(404, f"no live adapter named {name!r}", code="adapter_not_found") from None
+        except RoutingError as error:
+            raise ApiError(409, str(error), code="not_a_canary") from None
 
     @app.delete("/admin/adapters/{name}", dependencies=[Depends(authorized)])
     def remove_adapter(name: str) -> dict[str, Any]:
@@ -371,8 +407,9 @@ async def streamed(
         while len(reasons) < chat.n:
             event = await events.get()
             if isinstance(event, Failed):
-                yield b"data: " + orjson.dumps(ApiError(500, event.message, kind="server_error").body()) + b"\n\n"
-                call.close("server_error")
+                error = failure(event)
+                yield b"data: " + orjson.dumps(error.body()) + b"\n\n"
+                call.close(error.kind)
                 return
             if isinstance(event, Delta):
                 text = streams[event.choice].feed(event.text)
@@ -398,11 +435,15 @@ async def streamed(
 
 def serve(settings: Settings) -> None:
     """Run the router until SIGINT/SIGTERM, then finish the running batch and flush spans."""
-    if settings.router.backend != "embedded":
-        raise ConfigError(
-            f"[router] backend {settings.router.backend!r} is not available; only 'embedded' is built so far"
-        )
-    backend = EmbeddedBackend.from_settings(settings)
+    backend: Backend
+    if settings.router.backend == "embedded":
+        backend = EmbeddedBackend.from_settings(settings)
+    elif settings.router.backend == "vllm":
+        from router.vllm import VllmBackend
+
+        backend = VllmBackend.from_settings(settings)
+    else:
+        raise ConfigError(f"[router] backend is 'embedded' or 'vllm', not {settings.router.backend!r}")
     app = None
     try:
         app = create_app(settings, backend)
@@ -413,7 +454,8 @@ def serve(settings: Settings) -> None:
         host = settings.router.host
         listening = bind(host, settings.router.port, "router")
         config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=10)
-        log.info("tracefix router serving %s at http://%s:%d", backend.model_dir, host, listening.getsockname()[1])
+        served = backend.model_dir if settings.router.backend == "embedded" else settings.router.vllm_url
+        log.info("tracefix router serving %s at http://%s:%d", served, host, listening.getsockname()[1])
         uvicorn.Server(config).run(sockets=[listening])
     finally:
         backend.stop()

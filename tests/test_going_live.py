@@ -79,6 +79,7 @@ def stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, Rou
         analysis={"interval_s": 0.5},
         model={"name": str(tiny_model), "max_new_tokens": 8, "threads": 1},
         router={"port": free_port(), "routing": "classifier", "max_context_tokens": 2048},
+        promotion={"canary": False, "interval_s": 0.5},  # the canary path is tests/test_canary.py
     )
     daemon.sections["router"]["otlp_endpoint"] = daemon.http_url
     daemon.__post_init__()  # rewrite the config with the collector as the router's span target

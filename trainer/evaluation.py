@@ -13,21 +13,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from daemon.intervals import Z95, wilson
 from trainer.environment import Environment
 from trainer.rollouts import Sampling, generate_rollouts
-
-Z95 = 1.959963984540054
-
-
-def wilson(successes: int, total: int, z: float = Z95) -> tuple[float, float]:
-    if total == 0:
-        return 0.0, 1.0
-    share = successes / total
-    denominator = 1 + z * z / total
-    centre = (share + z * z / (2 * total)) / denominator
-    half = z * math.sqrt(share * (1 - share) / total + z * z / (4 * total * total)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
-
 
 def mean_interval(values: list[float], z: float = Z95) -> tuple[float, float]:
     if len(values) < 2:

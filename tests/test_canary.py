@@ -1,0 +1,172 @@
+"""Canary and automatic rollback end to end: a real daemon, a real `tracefix router` process, and an
+agent instrumented with the OpenTelemetry SDK that passes its trace context to the router, so each
+conversation's trajectory carries the router's span (which version served it) and its outcome.
+
+v1 approved → canary on half of the capability's traffic (the rest on the base model) → not worse
+→ live. v2 approved → canary against v1 → fails more → rolled back on its own, v1 keeps serving.
+v1 then fails more than before its promotion → the live watch rolls it back. Every decision is in
+the audit log with its numbers, and counted in `tracefix_adapter_rollbacks_total`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("peft")
+
+from opentelemetry import propagate  # noqa: E402
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
+from opentelemetry.sdk.resources import Resource  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
+
+from daemon.settings import StoreSettings  # noqa: E402
+from daemon.store import Store  # noqa: E402
+from tests.conftest import RunningDaemon, free_port, make_daemon, wait_for  # noqa: E402
+from tests.lora_support import make_adapter  # noqa: E402
+from tests.test_going_live import RouterProcess, _post, _state  # noqa: E402
+
+CAPABILITY = "error_recovery"
+V1, V2 = f"{CAPABILITY}@v1", f"{CAPABILITY}@v2"
+MINIMUM = 8  # routed trajectories with outcomes before a verdict (default 50)
+
+
+class Agent:
+    """Conversations of one request each through the router, traced like a user's agent: the
+    outcome is decided by the test from the version that answered."""
+
+    def __init__(self, daemon: RunningDaemon, router: RouterProcess) -> None:
+        self.provider = TracerProvider(resource=Resource.create({"service.name": "support-agent"}))
+        self.provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{daemon.http_url}/v1/traces")))
+        self.tracer = self.provider.get_tracer("tests.canary")
+        self.client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
+        self.numbers = itertools.count()
+        self.served: list[str] = []
+
+    def converse(self, outcome: Callable[[str], str]) -> str:
+        number = next(self.numbers)
+        with self.tracer.start_as_current_span("invoke_agent support") as root:
+            root.set_attribute("gen_ai.conversation.id", f"conversation-{number}")
+            headers: dict[str, str] = {}
+            propagate.inject(headers)
+            answer = self.client.chat.completions.create(
+                model="base", messages=[{"role": "user", "content": f"Ticket {number}: my refund failed twice."}],
+                max_tokens=1, seed=number, extra_headers=headers,
+            )  # fmt: skip
+            root.set_attribute("tracefix.outcome", outcome(answer.model))
+        self.served.append(answer.model)
+        return answer.model
+
+    def until(self, done: Callable[[], bool], outcome: Callable[[str], str], most: int = 120) -> None:
+        for _ in range(most):
+            if done():
+                return
+            self.converse(outcome)
+        wait_for(done, timeout_s=30)
+
+    def close(self) -> None:
+        self.provider.shutdown()
+
+
+@pytest.fixture
+def stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, RouterProcess]]:
+    paths = [make_adapter(tiny_model, tmp_path / "adapters" / f"v{version}", CAPABILITY, version, version) for version in (1, 2)]
+    store = Store(StoreSettings(path=tmp_path / "tracefix.duckdb"))
+    for version, path in enumerate(paths, start=1):
+        store.query(
+            "INSERT INTO adapters (capability, version, run_id, environment_id, path, manifest_sha256, state, evaluation, created_at) "
+            "VALUES (?, ?, ?, 1, ?, 'x', 'candidate', '{}', now()) RETURNING adapter_id",
+            [CAPABILITY, version, version, str(path)],
+        )
+    store.close()
+    daemon = make_daemon(
+        tmp_path,
+        analysis={"interval_s": 0.5},
+        model={"name": str(tiny_model), "max_new_tokens": 8, "threads": 1},
+        # Fixed routing: every request is the capability's traffic, split between canary and control.
+        router={"port": free_port(), "routing": "fixed", "fixed_adapter": CAPABILITY, "max_context_tokens": 2048},
+        promotion={
+            "interval_s": 0.3, "canary_fraction": 0.5, "canary_min_trajectories": MINIMUM, "watch_min_trajectories": MINIMUM,
+        },  # fmt: skip
+    )
+    daemon.sections["router"]["otlp_endpoint"] = daemon.http_url
+    daemon.__post_init__()
+    daemon.start()
+    router = RouterProcess(daemon).start()
+    yield daemon, router
+    router.stop()
+    daemon.stop()
+
+
+def _rollbacks(daemon: RunningDaemon, stage: str) -> float:
+    text = httpx.get(f"{daemon.api_url}/metrics", timeout=10).text
+    found = re.search(rf'tracefix_adapter_rollbacks_total{{capability="{CAPABILITY}",stage="{stage}"}} (\S+)', text)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_canary_is_promoted_a_worse_one_is_rolled_back_and_the_live_watch_rolls_back_a_regression(
+    stack: tuple[RunningDaemon, RouterProcess],
+) -> None:
+    daemon, router = stack
+    agent = Agent(daemon, router)
+    try:
+        # v1 takes half of the capability's traffic; the base model serves the rest.
+        assert _post(daemon, "/api/adapters/1/approve", {"reason": "fixes refunds"}).status_code == 200
+        wait_for(lambda: _state(daemon, 1) == "canary")
+        assert router.models() == {"base", V1}
+        table = daemon.get("/api/routing")["router"]
+        assert table["canaries"][CAPABILITY] == {"name": V1, "share": 0.5, "control": None}
+        # Both arms succeed: v1 is not worse than the base model, so it takes all the traffic.
+        agent.until(lambda: _state(daemon, 1) == "live", lambda served: "success")
+        assert {"base", V1} <= set(agent.served), agent.served  # both arms were served
+        served_live = {agent.converse(lambda served: "success") for _ in range(4)}
+        assert served_live == {V1}  # promoted: no more control traffic
+        baseline = daemon.get("/api/adapters/1")["baseline"]
+        assert baseline["failures"] == 0 and baseline["total"] >= 1
+
+        # v2 fails where v1 succeeds: the canary is rolled back on its own and v1 keeps serving.
+        assert _post(daemon, "/api/adapters/2/approve").status_code == 200
+        wait_for(lambda: _state(daemon, 2) == "canary")
+        agent.until(lambda: _state(daemon, 2) == "rolled_back", lambda served: "failure" if served == V2 else "success")
+        assert _state(daemon, 1) == "live"
+        wait_for(lambda: router.models() == {"base", V1})
+        assert _rollbacks(daemon, "canary") == 1
+
+        # Later v1 regresses against its pre-promotion failure rate: the watch rolls it back.
+        agent.until(lambda: _state(daemon, 1) == "rolled_back", lambda served: "failure")
+        wait_for(lambda: router.models() == {"base"})
+        assert _rollbacks(daemon, "live") == 1
+        capability = daemon.get(f"/api/capabilities/{CAPABILITY}")
+        assert capability["state"] == "cooldown"
+    finally:
+        agent.close()
+
+    audit = [(row["actor"], row["action"], row["adapter_id"], row["to_state"], row["reason"]) for row in daemon.get("/api/audit")["items"]][::-1]
+    assert [entry[:4] for entry in audit] == [
+        ("admin", "approve", 1, "approved"), ("promotion", "canary", 1, "canary"), ("promotion", "go_live", 1, "live"),
+        ("admin", "approve", 2, "approved"), ("promotion", "canary", 2, "canary"), ("promotion", "rollback", 2, "rolled_back"),
+        ("promotion", "rollback", 1, "rolled_back"),
+    ]  # fmt: skip
+    assert "not worse than base" in audit[2][4]
+    assert f"canary {V2} failure rate 1.00" in audit[5][4] and f"worse than {V1}" in audit[5][4]
+    assert f"live {V1}" in audit[6][4] and "worse than before promotion" in audit[6][4]
+
+
+def test_a_canary_rolled_back_by_hand_leaves_the_previous_state_serving(stack: tuple[RunningDaemon, RouterProcess]) -> None:
+    daemon, router = stack
+    assert _post(daemon, "/api/adapters/1/approve").status_code == 200
+    wait_for(lambda: _state(daemon, 1) == "canary")
+    assert _post(daemon, "/api/adapters/1/rollback", {"reason": ""}).status_code == 422
+    rolled = _post(daemon, "/api/adapters/1/rollback", {"reason": "complaints from the canary"})
+    assert rolled.status_code == 200, rolled.text
+    assert _state(daemon, 1) == "rolled_back"
+    wait_for(lambda: router.models() == {"base"})
+    assert daemon.get("/api/routing")["router"]["canaries"] == {}
+    assert _rollbacks(daemon, "canary") == 0  # counted only when the daemon decides
