@@ -74,11 +74,74 @@ def router_(config_path: Path | None) -> None:
         raise click.ClickException(str(error)) from None
 
 
+@main.command(name="dashboard")
+@config_option
+def dashboard_(config_path: Path | None) -> None:
+    """Run the dashboard (Streamlit) on the [dashboard] host and port; it reads the daemon API."""
+    import importlib.util
+    import os
+
+    from dashboard.launch import streamlit_argv
+
+    settings = _settings(config_path)
+    if importlib.util.find_spec("streamlit") is None:
+        raise click.ClickException("the dashboard needs Streamlit: pip install streamlit altair")
+    argv = streamlit_argv(settings.dashboard, config_path)
+    click.echo(f"tracefix dashboard on http://{settings.dashboard.host}:{settings.dashboard.port}", err=True)
+    sys.stderr.flush()
+    # Streamlit replaces this process, so signals (Ctrl-C, a supervisor's SIGTERM) reach it directly.
+    os.execv(argv[0], argv)
+
+
 @main.command()
 @config_option
-def up(config_path: Path | None) -> None:
-    """Start tracefix (the daemon with its receivers and API) in the foreground."""
-    _serve(config_path)
+@click.option(
+    "--without", "without", multiple=True, type=click.Choice(["router", "dashboard"]),
+    help="Do not start this process (repeatable); the daemon always runs.",
+)  # fmt: skip
+def up(config_path: Path | None, without: tuple[str, ...]) -> None:
+    """Start the daemon, the router and the dashboard, supervised: each is restarted when it crashes,
+    all stop on Ctrl-C or SIGTERM. Logs: tracefix logs NAME."""
+    import importlib.util
+
+    from daemon import supervisor
+
+    settings = _settings(config_path)
+    names = [name for name in supervisor.NAMES if name not in without]
+    if "dashboard" in names and importlib.util.find_spec("streamlit") is None:
+        click.echo("dashboard skipped: Streamlit is not installed (pip install streamlit altair)", err=True)
+        names.remove("dashboard")
+    sys.exit(supervisor.run(settings, config_path, names, lambda line: click.echo(line, err=True)))
+
+
+@main.command()
+@click.argument("name", type=click.Choice(["daemon", "router", "dashboard"]))
+@config_option
+@click.option("--lines", "-n", default=50, show_default=True, help="How many of the last lines to show.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing lines as they are written (Ctrl-C stops).")
+def logs(name: str, config_path: Path | None, lines: int, follow: bool) -> None:
+    """Show the log of a process started by `tracefix up`."""
+    import time
+
+    from daemon.supervisor import log_directory, tail
+
+    path = log_directory(_settings(config_path)) / f"{name}.log"
+    if not path.exists():
+        raise click.ClickException(f"no log at {path}: has `tracefix up` run with this configuration?")
+    click.echo(tail(path, lines))
+    if not follow:
+        return
+    with path.open("rb") as handle:
+        handle.seek(0, 2)
+        try:
+            while True:
+                line = handle.readline()
+                if line:
+                    click.echo(line.decode("utf-8", "replace"), nl=False)
+                else:
+                    time.sleep(0.25)
+        except KeyboardInterrupt:
+            pass
 
 
 @main.command()
