@@ -131,7 +131,8 @@ def unavailable(error: BackendUnavailable) -> ApiError:
 
 
 def failure(event: Failed) -> ApiError:
-    return ApiError(event.status, event.message, kind="server_error" if event.status >= 500 else "invalid_request_error")
+    kind = "server_error" if event.status >= 500 else "invalid_request_error"
+    return ApiError(event.status, event.message, kind=kind)
 
 
 class _Call:

@@ -1,7 +1,7 @@
 """Promotion end to end, with a real daemon and a real `tracefix router` process sharing a config:
 a candidate approved through the API goes live in the router without a restart, a newer version
-replaces it, a rollback restores it, a router killed with SIGKILL is brought back to the registry's
-live set, and the router's spans of served requests reach the daemon."""
+replaces it, a rollback restores it, a router killed with SIGKILL in the middle of a swap is brought back to the
+registry's live set, and the router's spans of served requests reach the daemon."""
 
 from __future__ import annotations
 
@@ -147,14 +147,17 @@ def test_a_killed_router_is_brought_back_to_the_live_set_and_its_spans_reach_the
     daemon, router, _ = stack
     assert _post(daemon, "/api/adapters/1/approve").status_code == 200
     wait_for(lambda: _state(daemon, 1) == "live")
+    # Killed in the middle of the swap to v2: the promote job is loading it, or about to.
+    assert _post(daemon, "/api/adapters/2/approve").status_code == 200
     router.stop(signal.SIGKILL)
     router.start()  # starts with the base model only
-    wait_for(lambda: router.models() == {"base", f"{CAPABILITY}@v1"})
+    wait_for(lambda: _state(daemon, 2) == "live" and router.models() == {"base", f"{CAPABILITY}@v2"}, timeout_s=60)
+    assert _state(daemon, 1) == "retired"
     client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
     answer = client.chat.completions.create(
-        model=f"{CAPABILITY}@v1", messages=[{"role": "user", "content": "My refund failed."}], max_tokens=4, seed=1
+        model=f"{CAPABILITY}@v2", messages=[{"role": "user", "content": "My refund failed."}], max_tokens=4, seed=1
     )
-    assert answer.model == f"{CAPABILITY}@v1"
+    assert answer.model == f"{CAPABILITY}@v2"
     # The served request comes back through the collector as a trajectory of the router.
     served = wait_for(lambda: daemon.get("/api/trajectories", service="tracefix-router")["items"])
     detail = daemon.get(f"/api/trajectories/{served[0]['trajectory_id']}")
