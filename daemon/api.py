@@ -198,8 +198,8 @@ def create_api(daemon: Daemon) -> FastAPI:
 
     @api.get("/api/routing")
     def routing() -> dict[str, Any]:
-        """The router's routing table (mode, live versions, canary splits) and, per canary or live
-        adapter, its routed failure rate and verdict so far. `router` is null with `router_error`
+        """The router's routing table (mode, live versions, canary splits), per canary or live
+        adapter its routed failure rate and verdict so far, and the token-level gate's training state. `router` is null with `router_error`
         when the router cannot be reached."""
         try:
             table, error = daemon.router_admin.routing(), None
@@ -210,7 +210,7 @@ def create_api(daemon: Daemon) -> FastAPI:
              **(daemon.promotion.routing(item) or {})}
             for state in ("canary", "live") for item in daemon.promotion.in_state(state)
         ]  # fmt: skip
-        return {"router": table, "router_error": error, "adapters": judged}
+        return {"router": table, "router_error": error, "adapters": judged, "gate": daemon.gates.state() or None}
 
     def decided(call: Any) -> dict[str, Any]:
         try:

@@ -70,6 +70,12 @@ class RouterAdmin:
             raise RouterError(f"router /admin/routing answered {response.status_code}: {self._message(response)}")
         return response.json()
 
+    def set_routing(self, mode: str, adapter: str | None = None, gate: str | None = None) -> dict[str, Any]:
+        response = self._call("PUT", "/admin/routing", json={"mode": mode, "adapter": adapter, "gate": gate})
+        if not response.is_success:
+            raise RouterError(f"router refused routing {mode!r} ({response.status_code}): {self._message(response)}")
+        return response.json()
+
     def serving(self) -> dict[str, str]:
         """The adapter versions that take requests, each with its role: 'live' or 'canary'."""
         return {item["name"]: item["role"] for item in self.routing()["adapters"] if item["role"] != "retiring"}

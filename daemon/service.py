@@ -31,6 +31,7 @@ from daemon.promotion import Promotion
 from daemon.registry import Registry
 from daemon.router_client import RouterAdmin
 from daemon.training_job import TrainingRunner
+from daemon.gate_job import GateRunner
 from daemon.validation_job import Validator
 from daemon.writer import BatchedWriter
 
@@ -77,6 +78,7 @@ class Daemon:
         self.training = TrainingRunner(self.analysis_store, self.adapter_registry, settings)
         self.promotion = Promotion(self.store, settings)
         self.router_admin = RouterAdmin(settings)
+        self.gates = GateRunner(self.promotion, self.adapter_registry, settings, self.router_admin)
         self.last_analysis: dict[str, Any] | None = None
         self.http_receiver = HttpReceiver(self.ingestor, collector.max_body_bytes, collector.token)
         self.grpc_receiver: GrpcReceiver | None = None
@@ -257,6 +259,14 @@ class Daemon:
                 seconds=self.settings.promotion.interval_s,
                 id="promote",
             )
+            # A gate run takes minutes; a second instance returns at once while one runs.
+            self.scheduler.add_job(
+                self._job("gate", self.gates.run_pass),
+                "interval",
+                seconds=self.settings.promotion.interval_s,
+                id="gate",
+                max_instances=2,
+            )
             self.scheduler.add_job(
                 self._job("retention", self._retention),
                 "interval",
@@ -284,6 +294,7 @@ class Daemon:
             self.grpc_receiver.stop()
         self.validator.stop()  # else the scheduler would wait for a model run to finish
         self.training.stop()
+        self.gates.stop()
         if self.scheduler.running:
             self.scheduler.shutdown(wait=True)
         self.writer.stop()

@@ -209,6 +209,18 @@ class RouterSettings(Section):
     otlp_endpoint: str = Field("http://127.0.0.1:4318", description="Where the router's spans go (OTLP/HTTP).")
 
 
+class GateTrainingSettings(Section):
+    enabled: bool = Field(
+        False, description="Train a token-level gate whenever the live adapters change and route with it (routing mode 'gate')."
+    )
+    steps: int = Field(100, ge=1, description="Optimizer steps of one gate training.")
+    examples_per_adapter: int = Field(16, ge=1, description="Solved synthetic trajectories per live adapter (and per base family).")
+    lr: float = Field(1e-2, gt=0, description="AdamW learning rate of the gates.")
+    balance_weight: float = Field(0.01, ge=0, description="Weight of the load-balancing term.")
+    timeout_s: float = Field(3600, gt=0, description="A gate training running longer is killed and recorded as failed.")
+    memory_mb: int = Field(8192, ge=256, description="Address-space limit of the gate subprocess.")
+
+
 class PromotionSettings(Section):
     interval_s: float = Field(10.0, gt=0, description="How often approved adapters are taken live and canaries and live adapters are judged.")
     canary: bool = Field(True, description="A newly approved version first takes a share of its capability's traffic.")
@@ -307,6 +319,7 @@ class Settings(Section):
     training: TrainingSettings = TrainingSettings()
     router: RouterSettings = RouterSettings()
     promotion: PromotionSettings = PromotionSettings()
+    gate: GateTrainingSettings = GateTrainingSettings()
     dashboard: DashboardSettings = DashboardSettings()
 
 

@@ -15,6 +15,9 @@ removed before anything else runs.
 Every generated token is pushed to its request's sink at once; the HTTP side drains its own queue,
 so a slow client never holds up the batch. Loading and unloading adapters take the same lock as a
 decode step, so the model never changes under a forward pass.
+
+`Backend` is what the server and the routing table need of any backend, with the request and event
+types both backends share; `router.vllm` is the other one.
 """
 
 from __future__ import annotations
