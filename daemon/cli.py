@@ -146,9 +146,10 @@ def logs(name: str, config_path: Path | None, lines: int, follow: bool) -> None:
 
 @main.command()
 @config_option
-def demo(config_path: Path | None) -> None:
-    """Run the demo: for now, start the daemon so an agent can send it traces."""
-    _serve(config_path)
+@click.pass_context
+def demo(context: click.Context, config_path: Path | None) -> None:
+    """Run the demo: for now, `tracefix up` (daemon, router, dashboard) so an agent can be pointed at it."""
+    context.invoke(up, config_path=config_path, without=())
 
 
 @main.command()
