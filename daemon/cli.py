@@ -146,10 +146,22 @@ def logs(name: str, config_path: Path | None, lines: int, follow: bool) -> None:
 
 @main.command()
 @config_option
-@click.pass_context
-def demo(context: click.Context, config_path: Path | None) -> None:
-    """Run the demo: for now, `tracefix up` (daemon, router, dashboard) so an agent can be pointed at it."""
-    context.invoke(up, config_path=config_path, without=())
+@click.option("--auto-approve", is_flag=True, help="Approve each candidate as soon as it is ready (unattended runs).")
+@click.option("--minutes", type=float, default=None, help="Stop after this many minutes (default: run until Ctrl-C).")
+@click.option("--fast", is_flag=True, help="Smaller settings for a quick look: no validation gate, a warm-start-only adapter.")
+@click.option("--policy", type=click.Choice(["llm", "scripted"]), default="llm", show_default=True,
+              help="The example agent's policy: the model behind the router, or a scripted one with planted flaws.")  # fmt: skip
+@click.option("--rate", type=float, default=0.5, show_default=True, help="Conversations the example agent starts per second.")
+def demo(config_path: Path | None, auto_approve: bool, minutes: float | None, fast: bool, policy: str, rate: float) -> None:
+    """Run the whole improvement loop on this machine, narrated: the stack, an example agent's
+    traffic, the gap, the environment, training, your approval, the canary, before and after."""
+    from daemon import demo as guided
+
+    try:
+        status = guided.run(config_path, fast, auto_approve, minutes, policy, rate, lambda line: click.echo(line, err=True))
+    except ConfigError as error:
+        raise click.ClickException(str(error)) from None
+    sys.exit(status)
 
 
 @main.command()

@@ -164,7 +164,7 @@ class GateSettings(Section):
 
 class TrainingSettings(Section):
     enabled: bool = Field(True, description="Train an adapter for each environment that is ready (validated, or needing a warm start).")
-    steps: int = Field(30, ge=1, description="GRPO optimisation steps.")
+    steps: int = Field(30, ge=0, description="GRPO optimisation steps; 0 trains the warm start only (needs warm_start_examples).")
     group_size: int = Field(4, ge=2, description="Rollouts per seed (K); advantages are normalised within each group.")
     groups_per_step: int = Field(2, ge=1, description="Seeds (groups) per step.")
     learning_rate: float = Field(1e-4, gt=0, description="LoRA learning rate for GRPO.")

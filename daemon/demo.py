@@ -1,0 +1,306 @@
+"""`tracefix demo`: the whole improvement loop on one machine, narrated.
+
+It starts the stack (`tracefix up`: daemon, router, dashboard), runs the example airline agent
+(`examples/airline`) against the router at a steady rate, with its traces going to the collector,
+and follows the daemon's API: trajectories collected, capabilities selected (Δ, coverage), the
+environment and its validation, training progress, the candidate with its evaluation, the approval
+(yours in the dashboard, or `--auto-approve`), the canary, and the live failure rate before and
+after, with intervals. One status table redrawn in place, one line per event; the processes' own
+logs stay in `<data dir>/logs` (`tracefix logs NAME`).
+
+The demo's settings are defaults layered under yours: a key set in `--config` or in a
+TRACEFIX_<SECTION>_<KEY> variable wins. `--fast` uses smaller settings for a quick look.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from daemon.client import ApiError, DaemonClient, DaemonUnavailable
+from daemon.intervals import wilson
+from daemon.settings import ENV_PREFIX, Settings, load_settings
+
+# Demo defaults: analysis often enough to watch, a gate and training sized for the CPU, a canary
+# that decides on a few dozen conversations.
+DEMO: dict[str, dict[str, Any]] = {
+    "analysis": {"interval_s": 10.0},
+    "validation": {"seeds": 8, "group_size": 4, "timeout_s": 1800},
+    "training": {
+        "steps": 4, "group_size": 4, "groups_per_step": 2, "warm_start_examples": 24, "warm_start_epochs": 2,
+        "eval_seeds": 16, "eval_interference": False, "save_steps": 2,
+    },  # fmt: skip
+    "model": {"max_new_tokens": 96},
+    "promotion": {"interval_s": 5.0, "canary_fraction": 0.5, "canary_min_trajectories": 30, "watch_min_trajectories": 30},
+}
+FAST: dict[str, dict[str, Any]] = {
+    "analysis": {"interval_s": 5.0, "min_failures": 10},
+    "validation": {"enabled": False},
+    "training": {"steps": 0, "warm_start_examples": 12, "warm_start_epochs": 1, "eval_seeds": 8, "eval_margin": 0.1},
+    "model": {"max_new_tokens": 64},
+    "promotion": {"canary_min_trajectories": 16, "watch_min_trajectories": 16},
+}
+
+
+def layered_settings(config_path: Path | None, fast: bool, environ: dict[str, str] | None = None) -> tuple[Settings, dict[str, str]]:
+    """The demo's settings and the TRACEFIX_* variables that carry them to the child processes:
+    a demo default is used only where neither the config file nor the environment sets the key."""
+    environ = dict(os.environ if environ is None else environ)
+    configured = tomllib.loads(Path(config_path).read_text()) if config_path else {}
+    layers = [DEMO, FAST] if fast else [DEMO]
+    added: dict[str, str] = {}
+    for layer in layers:
+        for section, values in layer.items():
+            for key, value in values.items():
+                variable = f"{ENV_PREFIX}{section}_{key}".upper()
+                if key in configured.get(section, {}) or variable in environ:
+                    continue
+                added[variable] = json.dumps(value) if isinstance(value, (list, dict)) else str(value).lower() if isinstance(value, bool) else str(value)
+    environ.update(added)
+    return load_settings(config_path, environ), added
+
+
+@dataclass(slots=True)
+class Tally:
+    """Conversations the example agent finished, split at the moment an adapter went live."""
+
+    before: list[bool] = field(default_factory=list)
+    after: list[bool] = field(default_factory=list)
+    live_since: float | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, success: bool) -> None:
+        with self.lock:
+            (self.after if self.live_since is not None else self.before).append(success)
+
+    @staticmethod
+    def failure_rate(outcomes: list[bool]) -> str:
+        if not outcomes:
+            return "–"
+        failures = sum(not success for success in outcomes)
+        low, high = wilson(failures, len(outcomes))
+        return f"{failures / len(outcomes):.2f} [{low:.2f}, {high:.2f}] on {len(outcomes)}"
+
+
+class Traffic(threading.Thread):
+    """The example agent in batches until stopped; every finished conversation is tallied."""
+
+    def __init__(self, settings: Settings, tally: Tally, policy: str, rate: float, batch: int = 8) -> None:
+        super().__init__(name="demo-traffic", daemon=True)
+        router, collector = settings.router, settings.collector
+        self.config = {
+            "router": f"http://{_loopback(router.host)}:{router.port}/v1",
+            "collector": f"http://{_loopback(collector.host)}:{collector.http_port}",
+            "policy": policy, "rate": rate, "conversations": batch, "concurrency": 2,
+            "skip_confirmation": 0.5, "skip_read": 0.3, "max_tokens": settings.model.max_new_tokens,
+        }  # fmt: skip
+        self.tally = tally
+        self.stopping = threading.Event()
+        self.error: str | None = None
+        self.batches = 0
+
+    def run(self) -> None:
+        from examples.airline.runner import RouterUnavailable, run_conversations
+
+        while not self.stopping.is_set():
+            try:
+                run_conversations(seed=self.batches, on_outcome=lambda outcome: self.tally.add(outcome.success), **self.config)
+                self.error = None
+            except RouterUnavailable as error:  # the router restarts: wait, then go on
+                self.error = str(error)
+                self.stopping.wait(5)
+            self.batches += 1
+
+
+def _loopback(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+class Narrator:
+    """Reads the daemon API, prints one line per new event and keeps a status table current."""
+
+    def __init__(self, client: DaemonClient, tally: Tally, auto_approve: bool, dashboard_url: str, say: Callable[[str], None]) -> None:
+        self.client = client
+        self.tally = tally
+        self.auto_approve = auto_approve
+        self.dashboard_url = dashboard_url
+        self.say = say
+        self.seen: set[str] = set()
+        self.rows: dict[str, str] = {}
+        self.done = False
+
+    def event(self, key: str, line: str) -> None:
+        if key not in self.seen:
+            self.seen.add(key)
+            self.say(line)
+
+    def poll(self) -> None:
+        try:
+            status = self.client.get("/api/status")
+            capabilities = self.client.get("/api/capabilities")["items"]
+            environments = self.client.get("/api/environments")["items"]
+            runs = self.client.get("/api/runs")["items"]
+            adapters = self.client.get("/api/adapters")["items"]
+            routing = self.client.get("/api/routing")
+        except (DaemonUnavailable, ApiError) as error:
+            self.rows["daemon"] = f"[red]{error}[/red]"
+            return
+        self.rows.pop("daemon", None)
+        outcomes = status["outcomes"]
+        self.rows["trajectories"] = (
+            f"{status['counts']['trajectories']} collected: {outcomes['success']} succeeded, {outcomes['failure']} failed"
+        )
+        self._capabilities(capabilities)
+        self._environments(environments)
+        self._runs(runs)
+        self._adapters(adapters, routing)
+        self.rows["agent failure rate"] = (
+            f"before the adapter {self.tally.failure_rate(self.tally.before)} · after {self.tally.failure_rate(self.tally.after)}"
+        )
+
+    def _capabilities(self, capabilities: list[dict[str, Any]]) -> None:
+        selected = [item for item in capabilities if item["selected"]]
+        for item in selected:
+            stats = next(iter(item["windows"].values()), {}) if item["windows"] else {}
+            self.event(
+                f"selected:{item['name']}",
+                f"capability selected: {item['name']} — Δ {stats.get('delta', 0):.2f}, coverage {stats.get('coverage', 0):.2f} "
+                f"(lacking in {stats.get('er_minus', 0):.0%} of failed runs that need it vs {stats.get('er_plus', 0):.0%} of successful ones)",
+            )  # fmt: skip
+        moving = [f"{item['name']}: {item['state']}" for item in capabilities if item["state"] not in ("healthy",)]
+        self.rows["capabilities"] = ", ".join(moving) or "all healthy so far"
+
+    def _environments(self, environments: list[dict[str, Any]]) -> None:
+        for item in environments:
+            self.event(f"environment:{item['environment_id']}:{item['status']}", f"environment {item['environment_id']} ({item['family']}): {item['status']}")
+        if environments:
+            latest = environments[0]
+            self.rows["environment"] = f"{latest['family']}: {latest['status']}"
+
+    def _runs(self, runs: list[dict[str, Any]]) -> None:
+        if not runs:
+            return
+        run = runs[0]
+        self.event(f"run:{run['run_id']}:{run['status']}", f"training run {run['run_id']} ({run['capability']} v{run['version']}): {run['status']}")
+        if run["status"] == "running":
+            detail = self.client.get(f"/api/runs/{run['run_id']}")
+            progress = detail.get("progress") or []
+            steps = run["config"].get("steps", 0)
+            last = progress[-1] if progress else {}
+            self.rows["training"] = (
+                f"run {run['run_id']}: step {last.get('step', 0)}/{steps}, reward {last.get('mean_reward', 0):.2f}, "
+                f"{last.get('elapsed_s', 0):.0f} s" if progress else f"run {run['run_id']}: warm start and first rollouts"
+            )
+        else:
+            self.rows["training"] = f"run {run['run_id']}: {run['status']}"
+
+    def _adapters(self, adapters: list[dict[str, Any]], routing: dict[str, Any]) -> None:
+        judged = {item["adapter_id"]: item for item in routing.get("adapters", [])}
+        for adapter in adapters:
+            name = f"{adapter['capability']}@v{adapter['version']}"
+            state = adapter["state"]
+            if state == "candidate":
+                target = adapter["evaluation"]["target"]
+                self.event(
+                    f"candidate:{adapter['adapter_id']}",
+                    f"candidate ready: {name}, held-out success {target['adapter']['success_rate']:.2f} vs base "
+                    f"{target['base']['success_rate']:.2f} — open {self.dashboard_url} to approve",
+                )
+                if self.auto_approve:
+                    self.client.post(f"/api/adapters/{adapter['adapter_id']}/approve", {"reason": "tracefix demo --auto-approve"})
+            else:
+                self.event(f"adapter:{adapter['adapter_id']}:{state}", f"{name}: {state} — {adapter.get('state_reason') or ''}")
+            if state in ("canary", "live") and adapter["adapter_id"] in judged:
+                report = judged[adapter["adapter_id"]]
+                own, reference = report.get("adapter", {}), report.get("reference", {})
+                self.rows[f"{name} ({state})"] = (
+                    f"failure {own.get('rate', 0):.2f} {own.get('interval')} on {own.get('total', 0)} routed vs "
+                    f"{reference.get('name')} {reference.get('rate', 0):.2f} {reference.get('interval')} on {reference.get('total', 0)}"
+                    f" (verdict after {report.get('needed')})"
+                )
+            if state == "live" and self.tally.live_since is None:
+                self.tally.live_since = time.time()
+                self.say(f"{name} is live: the agent's conversations from now on count as 'after'")
+
+
+def run(
+    config_path: Path | None, fast: bool, auto_approve: bool, minutes: float | None, policy: str, rate: float,
+    say: Callable[[str], None],
+) -> int:  # fmt: skip
+    """`tracefix demo`: returns the exit status."""
+    import signal
+
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    from daemon import supervisor
+
+    settings, variables = layered_settings(config_path, fast)
+    os.environ.update(variables)  # the children read the demo's settings from the environment
+    names = [name for name in supervisor.NAMES if name != "dashboard" or _has_streamlit()]
+    stack = supervisor.Supervisor(supervisor.children(settings, config_path, names), say)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stack.stopping.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    say("starting daemon, router and dashboard (the first start converts the embedded model) …")
+    try:
+        stack.start()
+    except supervisor.StartFailed as error:
+        say(f"tracefix demo failed: {error}")
+        return 1
+    dashboard = settings.dashboard
+    dashboard_url = f"http://{_loopback(dashboard.host)}:{dashboard.port}"
+    tally = Tally()
+    traffic = Traffic(settings, tally, policy, rate)
+    client = DaemonClient(settings)
+    narrator = Narrator(client, tally, auto_approve, dashboard_url, say)
+    deadline = time.monotonic() + minutes * 60 if minutes else None
+    console = Console(stderr=True)
+    if not stack.stopping.is_set():
+        traffic.start()
+        say(f"the example airline agent talks to the router ({policy} policy); watch it all at {dashboard_url}")
+
+    def table() -> Table:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold cyan", no_wrap=True)
+        grid.add_column()
+        for key, value in narrator.rows.items():
+            grid.add_row(key, value)
+        if traffic.error:
+            grid.add_row("agent", f"[yellow]{traffic.error}[/yellow]")
+        if deadline is not None:
+            grid.add_row("time left", f"{max(0, deadline - time.monotonic()) / 60:.1f} min")
+        return grid
+
+    watcher = threading.Thread(target=stack.watch, name="demo-supervisor", daemon=True)
+    watcher.start()
+    with Live(table(), console=console, refresh_per_second=2, transient=False) as live:
+        narrator.say = lambda line: live.console.print(line)
+        while not stack.stopping.wait(2):
+            narrator.poll()
+            live.update(table())
+            if deadline is not None and time.monotonic() > deadline:
+                break
+    traffic.stopping.set()
+    say(f"agent failure rate before the adapter: {tally.failure_rate(tally.before)}; after: {tally.failure_rate(tally.after)}")
+    say("stopping …")
+    stack.stop()
+    client.close()
+    return 0
+
+
+def _has_streamlit() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("streamlit") is not None

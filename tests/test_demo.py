@@ -1,0 +1,55 @@
+"""`tracefix demo`: its settings are defaults under the user's, and (slow, by hand) the whole loop
+runs unattended on the embedded model: `make test-slow` or `pytest -m slow tests/test_demo.py`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from daemon.demo import layered_settings
+from tests.conftest import REPO, free_port
+
+
+def test_demo_settings_never_override_the_users_file_or_environment(tmp_path: Path) -> None:
+    config = tmp_path / "mine.toml"
+    config.write_text('[store]\npath = "%s"\n[promotion]\ncanary_min_trajectories = 7\n' % (tmp_path / "db.duckdb"))
+    environ = {"TRACEFIX_ANALYSIS_INTERVAL_S": "42"}
+    settings, variables = layered_settings(config, fast=False, environ=environ)
+    assert settings.promotion.canary_min_trajectories == 7  # the file wins
+    assert settings.analysis.interval_s == 42  # the environment wins
+    assert settings.training.warm_start_examples == 24 and settings.promotion.canary_fraction == 0.5  # demo defaults
+    assert "TRACEFIX_PROMOTION_CANARY_MIN_TRAJECTORIES" not in variables and "TRACEFIX_ANALYSIS_INTERVAL_S" not in variables
+    assert variables["TRACEFIX_TRAINING_WARM_START_EXAMPLES"] == "24"
+
+
+def test_fast_settings_skip_the_gate_and_train_the_warm_start_only(tmp_path: Path) -> None:
+    settings, variables = layered_settings(None, fast=True, environ={})
+    assert settings.training.steps == 0 and not settings.validation.enabled
+    assert variables["TRACEFIX_VALIDATION_ENABLED"] == "false"
+    assert settings.promotion.canary_min_trajectories < 30
+
+
+@pytest.mark.slow
+def test_the_demo_runs_the_loop_unattended_to_a_candidate_and_beyond(tmp_path: Path) -> None:
+    """About 15 minutes on 2 CPU cores: traffic, a selected gap, an environment, a warm-start
+    adapter on SmolLM2-135M, auto-approval and its canary."""
+    ports = {"api": free_port(), "http": free_port(), "grpc": free_port(), "router": free_port(), "dashboard": free_port()}
+    config = tmp_path / "demo.toml"
+    config.write_text(
+        f'[store]\npath = "{tmp_path / "data" / "tracefix.duckdb"}"\n'
+        f"[collector]\nhttp_port = {ports['http']}\ngrpc_port = {ports['grpc']}\n[api]\nport = {ports['api']}\n"
+        f"[router]\nport = {ports['router']}\n[dashboard]\nport = {ports['dashboard']}\n"
+    )
+    command = [sys.executable, "-m", "daemon.cli", "demo", "--config", str(config), "--fast", "--auto-approve", "--minutes", "20",
+               "--policy", "scripted"]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1800, env=os.environ)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "capability selected: precondition_verification" in done.stderr
+    assert "candidate ready" in done.stderr and "approved" in done.stderr
+    with pytest.raises(httpx.HTTPError):  # everything stopped with the demo
+        httpx.get(f"http://127.0.0.1:{ports['api']}/healthz", timeout=2)
