@@ -1,0 +1,152 @@
+"""Capability health: per capability, how often failed and successful runs lack it, the gap (Δ), its
+coverage, the failure rate with its interval and the trend over analysis passes, with the paper's
+selection thresholds drawn. Selected capabilities (those that trigger training) are highlighted."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts
+from dashboard.page import PageContext, interval, no_traces, show
+
+TREND_POINTS = 40
+
+
+def stats_row(item: Mapping[str, Any], window: str) -> dict[str, Any]:
+    """One capability's statistics in `window`, with the fields the table and charts need."""
+    stats = (item.get("windows") or {}).get(window) or {}
+    return {**stats, "capability": item["name"], "selected": bool(stats.get("selected")), "state": item["state"]}
+
+
+def health_table(items: list[Mapping[str, Any]], window: str, histories: Mapping[str, list[dict[str, Any]]]) -> pd.DataFrame:
+    rows = []
+    for item in items:
+        stats = stats_row(item, window)
+        rows.append(
+            {
+                "capability": item["name"],
+                "state": item["state"],
+                "selected": stats["selected"],
+                "rank": stats.get("rank"),
+                "ER− (failures)": stats.get("er_minus"),
+                "ER+ (successes)": stats.get("er_plus"),
+                "Δ": stats.get("delta"),
+                "coverage": stats.get("coverage"),
+                "failure rate": stats.get("failure_rate"),
+                "95 % interval": interval(stats.get("failure_rate_low"), stats.get("failure_rate_high")),
+                "failed runs lacking / needing": f"{stats.get('lacking_failure', 0)} / {stats.get('needed_failure', 0)}",
+                "Δ trend": [row.get("delta") or 0.0 for row in histories.get(item["name"], [])][-TREND_POINTS:],
+                "why": item.get("state_reason") or "",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def _highlight_selected(row: pd.Series) -> list[str]:
+    style = "background-color: rgba(214, 39, 40, 0.15); font-weight: 600" if row["selected"] else ""
+    return [style] * len(row)
+
+
+def render_table(frame: pd.DataFrame) -> None:
+    rate = {"format": "%.2f", "min_value": 0.0, "max_value": 1.0}
+    st.dataframe(
+        frame.style.apply(_highlight_selected, axis=1),
+        hide_index=True,
+        column_config={
+            "selected": st.column_config.CheckboxColumn("selected", help="Δ and coverage pass the thresholds on enough failures"),
+            "rank": st.column_config.NumberColumn(help="order among the selected, by coverage", format="%d"),
+            "ER− (failures)": st.column_config.NumberColumn(help="LACKING / needed among failed runs", format="%.2f"),
+            "ER+ (successes)": st.column_config.NumberColumn(help="LACKING / needed among successful runs", format="%.2f"),
+            "Δ": st.column_config.NumberColumn(help="ER− − ER+", format="%.2f"),
+            "coverage": st.column_config.ProgressColumn(help="failed runs lacking it / all failed runs", **rate),
+            "failure rate": st.column_config.NumberColumn(help="failed / runs that need the capability", format="%.2f"),
+            "Δ trend": st.column_config.LineChartColumn(help="Δ per analysis pass", y_min=-1.0, y_max=1.0),
+            "why": st.column_config.TextColumn(width="large"),
+        },
+    )
+
+
+def render_charts(rows: list[dict[str, Any]], history: list[dict[str, Any]], context: PageContext) -> None:
+    analysis = context.settings.analysis
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Lacking rate: failed vs successful runs")
+        st.altair_chart(charts.lacking_rates(rows))
+    with right:
+        st.subheader("Gap Δ = ER− − ER+")
+        st.altair_chart(charts.threshold_bars(rows, "delta", analysis.min_delta, "Δ"))
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Coverage of failed runs")
+        st.altair_chart(charts.threshold_bars(rows, "coverage", analysis.min_coverage, "coverage"))
+    with right:
+        st.subheader("Δ over time")
+        if history:
+            st.altair_chart(charts.trend(history, "delta", analysis.min_delta, "Δ"))
+        else:
+            st.caption("no analysis history yet")
+    if history:
+        st.subheader("Failure rate over time")
+        st.altair_chart(charts.trend(history, "failure_rate", None, "failure rate"))
+
+
+def render_states(items: list[Mapping[str, Any]]) -> None:
+    """Why each capability that is not simply healthy is where it is, and its open training request."""
+    moving = [item for item in items if item["state"] not in ("healthy", "watching") or item.get("selected")]
+    if not moving:
+        return
+    st.subheader("Where the gaps are in the pipeline")
+    for item in moving:
+        since = f" since {item['state_since']}" if item.get("state_since") else ""
+        st.markdown(f"**{item['name']}** · `{item['state']}`{since}: {item.get('state_reason') or ''}")
+        request = item.get("open_training_request")
+        if request:
+            st.caption(
+                f"training request #{request['request_id']} {request['status']} ({request['source']}, "
+                f"{request['created_at']}): {request['reason']}"
+            )
+
+
+def render(context: PageContext) -> None:
+    api, settings = context.api, context.settings
+    st.title("Capability health")
+    status = api.get("/api/status")
+    if status["counts"]["trajectories"] == 0:
+        no_traces(settings, status)
+        return
+    items = api.get("/api/capabilities")["items"]
+    windows = sorted({name for item in items for name in (item.get("windows") or {})})
+    if not windows:
+        st.info(
+            f"{status['counts']['trajectories']} trajectories stored; waiting for the first analysis pass "
+            f"(every {settings.analysis.interval_s:g} s).",
+            icon=":material/hourglass_empty:",
+        )
+        return
+    default = settings.analysis.selection_window if settings.analysis.selection_window in windows else windows[0]
+    window = st.selectbox("Statistics window", windows, index=windows.index(default), key="health_window")
+    histories = {item["name"]: api.get(f"/api/capabilities/{item['name']}", window=window)["history"] for item in items}
+    rows = [stats_row(item, window) for item in items]
+    outcomes = status["outcomes"]
+    judged = outcomes["success"] + outcomes["failure"]
+    columns = st.columns(4)
+    columns[0].metric("trajectories", status["counts"]["trajectories"])
+    columns[1].metric("failure share", f"{outcomes['failure'] / judged:.0%}" if judged else "—", help="failed / (failed + successful)")
+    columns[2].metric("selected capabilities", sum(row["selected"] for row in rows))
+    analysis = status.get("analysis") or {}
+    columns[3].metric("analysis pass", analysis.get("pass_id", "—"), help=f"every {settings.analysis.interval_s:g} s")
+    render_table(health_table(items, window, histories))
+    st.caption(
+        f"Selected when Δ ≥ {settings.analysis.min_delta:g}, coverage ≥ {settings.analysis.min_coverage:g} and at least "
+        f"{settings.analysis.min_failures} failed runs need the capability (window '{window}')."
+    )
+    history = [row for rows_of in histories.values() for row in rows_of]
+    render_charts(rows, history, context)
+    render_states(items)
+
+
+show(render)

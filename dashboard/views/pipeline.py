@@ -1,0 +1,225 @@
+"""Pipeline: the environments synthesized for capability gaps (family, checks, the validation gate's
+figures against its thresholds, a sampled instance) and the training runs (live reward and success
+curves, zero-variance groups, progress and elapsed time)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, conversation
+from dashboard.page import PageContext, rate, show
+
+
+def environment_table(items: list[Mapping[str, Any]]) -> pd.DataFrame:
+    rows = []
+    for item in items:
+        checks = item.get("checks") or {}
+        validation = item.get("validation") or {}
+        rows.append(
+            {
+                "environment": item["environment_id"],
+                "capability": item["capability"],
+                "family": f"{item['family']} v{item['family_version']}",
+                "difficulty": validation.get("difficulty", item["difficulty"]),
+                "status": item["status"],
+                "agent": item.get("service_name") or "",
+                "tools": len(item.get("tools") or []),
+                "solution mean": (checks.get("solution") or {}).get("mean"),
+                "no-op mean": checks.get("noop_mean"),
+                "random mean": checks.get("random_mean"),
+                "gate remedy": validation.get("remedy") or ("none needed" if validation.get("passed") else ""),
+                "hint share": validation.get("hint_share"),
+                "created": item.get("created_at"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def render_validation(environment: Mapping[str, Any], context: PageContext) -> None:
+    """The gate's report: each attempt's mean, std and share of groups with variance against the bands."""
+    validation = environment.get("validation")
+    if not validation:
+        gate = "off ([validation] enabled = false)" if not context.settings.validation.enabled else "waiting for the gate"
+        st.caption(f"Not validated against the base model: {gate}.")
+        return
+    if validation.get("error"):
+        st.warning(f"The validation run failed: {validation['error']}", icon=":material/warning:")
+        return
+    attempts = validation.get("attempts") or []
+    verdict = "passed" if validation.get("passed") else "rejected"
+    remedy = f" with {validation['remedy']}" if validation.get("remedy") else ""
+    st.markdown(
+        f"Validation **{verdict}**{remedy}: {validation.get('rollouts', '?')} rollouts in {validation.get('seconds', '?')} s "
+        f"(difficulty {validation.get('difficulty')}, hint share {validation.get('hint_share', 0):g})."
+    )
+    gate = context.settings.validation.model_dump()
+    if attempts:
+        chosen = attempts[-1]
+        st.altair_chart(charts.validation_figures(chosen, gate))
+        st.caption(
+            f"Last attempt (verdict {chosen['verdict']}); the orange ticks are the gate: mean reward in "
+            f"{gate['mean_low']:g}–{gate['mean_high']:g}, std > {gate['min_std']:g}, "
+            f"groups with variance > {gate['min_variance_groups']:g}."
+        )
+        st.dataframe(pd.DataFrame(attempts), hide_index=True)
+
+
+def render_instance(environment: Mapping[str, Any]) -> None:
+    """One instance of the environment built from its stored family and tools, with a replay of its
+    ground-truth solution: what the model is asked to do and what earns full reward."""
+    from trainer.environment import Environment, load_tools, rollout, solution_policy
+    from trainer.families import load_families
+
+    families = load_families()
+    family = families.get(environment["family"])
+    if family is None:
+        st.caption(f"No environment family {environment['family']!r} is installed here; no instance to show.")
+        return
+    seed = st.number_input("seed", min_value=0, max_value=1_000_000, value=0, step=1, key=f"seed_{environment['environment_id']}")
+    difficulty = (environment.get("validation") or {}).get("difficulty", environment["difficulty"])
+    try:
+        built = Environment(family, load_tools(environment.get("tools") or []), difficulty)
+        instance = built.instance(int(seed))
+        episode = rollout(instance, solution_policy(instance))
+        hint = built.instance(int(seed)).hint()
+    except (ValueError, KeyError, TypeError) as error:
+        st.warning(f"This environment cannot be instantiated here: {error}", icon=":material/warning:")
+        return
+    hint_text = f" · hint: {hint}" if hint else ""
+    st.caption(f"seed {int(seed)} · difficulty {difficulty} · solution reward {episode.reward:g}{hint_text}")
+    conversation.render(conversation.instance_turns(episode.messages))
+
+
+def render_environments(context: PageContext) -> None:
+    st.header("Environments")
+    items = context.api.get("/api/environments")["items"]
+    if not items:
+        st.info(
+            "No environments yet: one is synthesized for a capability once its gap holds and a training request "
+            "opens (see Capability health), or when one is requested with POST /api/capabilities/{name}/train.",
+            icon=":material/hourglass_empty:",
+        )
+        return
+    st.dataframe(
+        environment_table(items),
+        hide_index=True,
+        column_config={
+            name: st.column_config.NumberColumn(format="%.2f") for name in ("solution mean", "no-op mean", "random mean", "hint share")
+        },
+    )
+    by_id = {item["environment_id"]: item for item in items}
+    options = list(by_id)
+    # The newest environment the gate has reported on says the most; else simply the newest.
+    judged = [identifier for identifier in options if by_id[identifier].get("validation")]
+    chosen = st.selectbox(
+        "Environment", options, index=options.index(judged[0]) if judged else 0, key="pipeline_environment",
+        format_func=lambda identifier: f"{identifier} · {by_id[identifier]['capability']} · {by_id[identifier]['status']}",
+    )  # fmt: skip
+    environment = by_id[chosen]
+    checks = environment.get("checks") or {}
+    if checks.get("errors"):
+        st.warning("Checks: " + "; ".join(checks["errors"][:3]), icon=":material/warning:")
+    left, right = st.columns(2, gap="large")
+    with left:
+        st.subheader("Validation gate")
+        render_validation(environment, context)
+    with right:
+        st.subheader("Sampled instance")
+        render_instance(environment)
+
+
+def run_table(items: list[Mapping[str, Any]]) -> pd.DataFrame:
+    rows = []
+    for item in items:
+        progress = item.get("progress") or {}
+        rows.append(
+            {
+                "run": item["run_id"],
+                "capability": item["capability"],
+                "version": item["version"],
+                "status": item["status"],
+                "step": f"{progress.get('step', 0)} / {progress.get('max_steps', item.get('config', {}).get('steps', '?'))}",
+                "mean reward": progress.get("mean_reward"),
+                "success rate": progress.get("success_rate"),
+                "zero-variance groups": f"{progress.get('zero_variance_groups', 0)} / {progress.get('groups', 0)}" if progress else "",
+                "elapsed s": progress.get("elapsed_s"),
+                "started": item.get("started_at"),
+                "finished": item.get("finished_at"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def render_run(run: Mapping[str, Any]) -> None:
+    progress = run.get("progress") or []
+    last = progress[-1] if progress else {}
+    max_steps = last.get("max_steps") or (run.get("config") or {}).get("steps") or 0
+    step = last.get("step", 0)
+    share = min(step / max_steps, 1.0) if max_steps else 0.0
+    name = f"run {run['run_id']} ({run['capability']} v{run['version']})"
+    st.progress(share, text=f"{name}: {run['status']}, step {step} of {max_steps or '?'}")
+    columns = st.columns(4)
+    columns[0].metric("elapsed", f"{last.get('elapsed_s', 0):.0f} s")
+    columns[1].metric("mean reward", rate(last.get("mean_reward")))
+    columns[2].metric("success rate", rate(last.get("success_rate")))
+    columns[3].metric("zero-variance groups", f"{last.get('zero_variance_groups', 0)} / {last.get('groups', 0)}" if last else "—")
+    if run.get("error"):
+        st.warning(f"Run failed: {run['error']}", icon=":material/warning:")
+    if not progress:
+        st.caption("No step finished yet (a warm start or model loading may be running).")
+    else:
+        left, right = st.columns(2)
+        with left:
+            st.caption("Reward and success of the training rollouts per step")
+            st.altair_chart(charts.training_curves(progress))
+        with right:
+            st.caption("Groups per step; zero-variance groups carry no learning signal")
+            st.altair_chart(charts.zero_variance_groups(progress))
+    result = run.get("result") or {}
+    if result:
+        evaluation = result.get("evaluation") or {}
+        target = evaluation.get("target") or {}
+        summary = f"Verdict **{result.get('verdict')}** after {result.get('steps', '?')} steps in {result.get('seconds', '?')} s"
+        if target:
+            summary += f": held-out success {rate(target['adapter']['success_rate'])} vs base {rate(target['base']['success_rate'])}"
+        st.markdown(summary + ".")
+        for reason in evaluation.get("reasons") or []:
+            st.caption(reason)
+
+
+def render_runs(context: PageContext) -> None:
+    st.header("Training runs")
+    items = context.api.get("/api/runs")["items"]
+    if not items:
+        training = "on" if context.settings.training.enabled else "off ([training] enabled = false)"
+        st.info(
+            f"No training runs yet (training is {training}): a run starts when an environment is ready.",
+            icon=":material/hourglass_empty:",
+        )
+        return
+    st.dataframe(
+        run_table(items),
+        hide_index=True,
+        column_config={name: st.column_config.NumberColumn(format="%.2f") for name in ("mean reward", "success rate")},
+    )
+    by_id = {item["run_id"]: item for item in items}
+    running = [item["run_id"] for item in items if item["status"] == "running"]
+    options = list(by_id)
+    chosen = st.selectbox(
+        "Run", options, index=options.index(running[0]) if running else 0, key="pipeline_run",
+        format_func=lambda run_id: f"{run_id} · {by_id[run_id]['capability']} v{by_id[run_id]['version']} · {by_id[run_id]['status']}",
+    )  # fmt: skip
+    render_run(context.api.get(f"/api/runs/{chosen}"))
+
+
+def render(context: PageContext) -> None:
+    st.title("Pipeline")
+    render_environments(context)
+    render_runs(context)
+
+
+show(render)
