@@ -20,6 +20,7 @@ from daemon import metrics
 from daemon.settings import Settings
 from daemon.auth import bearer_matches, stored_token
 from daemon.promotion import IllegalTransition, NotFound
+from daemon.routing_stats import routing_latency, served
 from daemon.router_client import RouterError
 from daemon.registry import read_progress
 
@@ -197,7 +198,7 @@ def create_api(daemon: Daemon) -> FastAPI:
         return {**item, "routing": daemon.promotion.routing(item)}
 
     @api.get("/api/routing")
-    def routing() -> dict[str, Any]:
+    def routing(window_s: float = Query(3600, gt=0, le=90 * 86400)) -> dict[str, Any]:
         """The router's routing table (mode, live versions, canary splits), per canary or live
         adapter its routed failure rate and verdict so far, and the token-level gate's training state. `router` is null with `router_error`
         when the router cannot be reached."""
@@ -210,7 +211,10 @@ def create_api(daemon: Daemon) -> FastAPI:
              **(daemon.promotion.routing(item) or {})}
             for state in ("canary", "live") for item in daemon.promotion.in_state(state)
         ]  # fmt: skip
-        return {"router": table, "router_error": error, "adapters": judged, "gate": daemon.gates.state() or None}
+        return {
+            "router": table, "router_error": error, "adapters": judged, "gate": daemon.gates.state() or None,
+            **served(daemon.store, window_s), "latency": routing_latency(f"{daemon.router_admin.base_url}/metrics"),
+        }  # fmt: skip
 
     def decided(call: Any) -> dict[str, Any]:
         try:

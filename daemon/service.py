@@ -29,7 +29,7 @@ from daemon.synthesis import Synthesizer
 from daemon.trigger import HEALTHY, Trigger
 from daemon.promotion import Promotion
 from daemon.registry import Registry
-from daemon.router_client import RouterAdmin
+from daemon.router_client import RouterAdmin, RouterError
 from daemon.training_job import TrainingRunner
 from daemon.gate_job import GateRunner
 from daemon.validation_job import Validator
@@ -118,7 +118,10 @@ class Daemon:
         """Approved adapters go to the router, canaries and live adapters are judged on their routed
         outcomes, and the router serves exactly the registry's live and canary set."""
         if self.promotion.in_state("live") or self.promotion.in_state("canary"):
-            self.promotion.reconcile(self.router_admin)
+            try:
+                self.promotion.reconcile(self.router_admin)
+            except RouterError as error:  # down or restarting: approvals still record why they wait
+                log.warning("router not reconciled: %s", error)
         self.promotion.promote_pass(self.router_admin)
 
     def _assemble(self) -> None:

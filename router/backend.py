@@ -67,6 +67,7 @@ class Finished:
     reason: str
     text: str
     tokens: int
+    shares: dict[str, float] | None = None  # gate-routed: mean expert weight over its generated tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +113,8 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     sent: int = 0
     finished: bool = False
+    share_sum: Any = None  # gate-routed: the sum of the gate's expert weights over generated tokens
+    slots: list[str] | None = None
 
 
 class AdapterConflict(ValueError):
@@ -405,6 +408,8 @@ class EmbeddedBackend:
                     input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
                     use_cache=True, logits_to_keep=1, **chosen,
                 )  # fmt: skip
+                if gate:
+                    self._add_shares(rows, self._gate.token_shares()[:, -1], self._gate.slots)
             cache = output.cache
             sampled = _sample(output.logits[:, -1].float(), rows)
             next_ids = []
@@ -421,6 +426,14 @@ class EmbeddedBackend:
             input_ids = torch.tensor(next_ids).unsqueeze(1)
             mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
             positions = positions[:, -1:] + 1
+
+    @staticmethod
+    def _add_shares(rows: list[_Row], weights: Any, slots: list[str]) -> None:
+        """Each unfinished row's expert weights at the position its next token is predicted from."""
+        for index, row in enumerate(rows):
+            if not row.finished:
+                row.share_sum = weights[index].clone() if row.share_sum is None else row.share_sum + weights[index]
+                row.slots = slots
 
     def _advance(self, row: _Row, token: int) -> None:
         """Record one sampled token and send the text that can no longer change or turn into a stop string."""
@@ -443,7 +456,11 @@ class EmbeddedBackend:
             row.sent = safe
         if reason is not None:
             row.finished = True
-            _emit(row.generation, Finished(row.choice, reason, text, len(row.tokens)))
+            shares = None
+            if row.share_sum is not None and row.slots:
+                mean = (row.share_sum / row.share_sum.sum()).tolist()
+                shares = {slot: round(value, 4) for slot, value in zip(row.slots, mean, strict=True)}
+            _emit(row.generation, Finished(row.choice, reason, text, len(row.tokens), shares))
 
 
 def held_back(text: str, stops: tuple[str, ...]) -> int:

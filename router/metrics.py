@@ -20,4 +20,7 @@ SWAP_SECONDS = Histogram(
     "From an adapter load request to routing switched to it",
     buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10),
 )
+GATE_TOKENS = Counter(
+    "tracefix_router_gate_tokens", "Completion tokens of gate-routed requests, shared out by the gate's per-token expert weights", ["expert"]
+)
 IN_FLIGHT = Gauge("tracefix_router_in_flight", "Chat completion requests being served")

@@ -146,6 +146,22 @@ class _Call:
         self.generation: Generation | None = None
         self.expert = "none"
         self.closed = False
+        self.shares: list[tuple[dict[str, float], int]] = []  # gate-routed choices: (expert weights, tokens)
+
+    def finished(self, event: Finished) -> None:
+        if event.shares:
+            self.shares.append((event.shares, event.tokens))
+
+    def _share_attributes(self) -> dict[str, float]:
+        """The gate's mean expert weights over all generated tokens, one attribute per expert."""
+        tokens = sum(count for _, count in self.shares)
+        if not tokens:
+            return {}
+        experts = {name for shares, _ in self.shares for name in shares}
+        mean = {name: sum(shares.get(name, 0.0) * count for shares, count in self.shares) / tokens for name in experts}
+        for name, share in mean.items():
+            metrics.GATE_TOKENS.labels(name).inc(share * tokens)
+        return {f"tracefix.router.share.{name}": round(share, 4) for name, share in sorted(mean.items())}
 
     def describe(self, chat: ChatRequest) -> None:
         sampling = chat.sampling(0)
@@ -192,6 +208,7 @@ class _Call:
                 "gen_ai.usage.input_tokens": prompt_tokens,
                 "gen_ai.usage.output_tokens": completion_tokens,
                 "gen_ai.response.finish_reasons": reasons,
+                **self._share_attributes(),
             })  # fmt: skip
         self.telemetry.record(self.headers, self.start_ns, time.time_ns(), self.attributes, error)
 
@@ -317,6 +334,7 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
                     raise failure(event)
                 if isinstance(event, Finished):
                     finished[event.choice] = event
+                    call.finished(event)
         except ApiError as error:
             call.close(error.code or error.kind)
             return JSONResponse(error.body(), error.status)
@@ -425,6 +443,7 @@ async def streamed(
                 yield chunk([protocol.delta(event.choice, {"tool_calls": indexed})])
             reasons[event.choice] = "tool_calls" if calls else event.reason
             completion_tokens += event.tokens
+            call.finished(event)
             yield chunk([protocol.delta(event.choice, {}, reasons[event.choice])])
         if chat.stream_options is not None and chat.stream_options.include_usage:
             yield chunk([], protocol.usage(prompt_tokens, completion_tokens))
@@ -454,7 +473,11 @@ def serve(settings: Settings) -> None:
             signal.signal(stop_signal, _stop_requested)
         host = settings.router.host
         listening = bind(host, settings.router.port, "router")
-        config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=10)
+        # Keep-alive well above the 5 s that HTTP clients (httpx, so the openai client) keep idle
+        # connections: with equal timeouts a request can be sent on a connection the server is closing.
+        config = uvicorn.Config(
+            app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=10, timeout_keep_alive=75
+        )
         served = backend.model_dir if settings.router.backend == "embedded" else settings.router.vllm_url
         log.info("tracefix router serving %s at http://%s:%d", served, host, listening.getsockname()[1])
         uvicorn.Server(config).run(sockets=[listening])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -145,6 +146,11 @@ def test_a_canary_is_promoted_a_worse_one_is_rolled_back_and_the_live_watch_roll
         assert _rollbacks(daemon, "live") == 1
         capability = daemon.get(f"/api/capabilities/{CAPABILITY}")
         assert capability["state"] == "cooldown"
+        # What the router served, read back from its spans: every request of the agent, per expert.
+        served = Counter(agent.served)
+        routing = wait_for(lambda: (r := daemon.get("/api/routing")) and {e["expert"]: e["requests"] for e in r["experts"]} == served and r)
+        assert sum(point["requests"] for point in routing["series"]) == len(agent.served)
+        assert routing["latency"]["routing_p95_ms"] >= routing["latency"]["routing_p50_ms"] > 0
     finally:
         agent.close()
 

@@ -45,10 +45,12 @@ def stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, Rou
     daemon = make_daemon(
         tmp_path,
         model={"name": str(tiny_model), "max_new_tokens": 8, "threads": 1},
-        router={"port": free_port(), "routing": "classifier", "max_context_tokens": 2048, "export_spans": False},
+        router={"port": free_port(), "routing": "classifier", "max_context_tokens": 2048},
         promotion={"canary": False, "interval_s": 0.5},
         gate={"enabled": True, "steps": 3, "examples_per_adapter": 2},
     )
+    daemon.sections["router"]["otlp_endpoint"] = daemon.http_url
+    daemon.__post_init__()
     daemon.start()
     router = RouterProcess(daemon).start()
     yield daemon, router
@@ -67,14 +69,18 @@ def test_the_gate_is_retrained_for_each_live_set_and_the_router_routes_with_it(s
     first = wait_for(
         lambda: (routing := _gate(daemon))["gate"] and routing["gate"].get("status") == "serving" and routing, timeout_s=180
     )
-    assert first["gate"]["adapters"] == ["error_recovery@v1"] and first["router"]["mode"] == "gate"
+    assert first["gate"]["adapters"] == ["error_recovery@v1"] and first["router"]["mode"] == "gate", first
     assert first["router"]["gate"]["adapters"] == ["error_recovery@v1"]
     report = first["gate"]["report"]
     assert report["steps"] == 3 and report["labelled_tokens"] > 0
 
     client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
     answer = client.chat.completions.create(model="base", messages=[{"role": "user", "content": "Refund order 7"}], max_tokens=2)
-    assert answer.model == "gate"
+    assert answer.model == "gate", (answer.model, _gate(daemon)["router"])
+    # The router's span of that request carries the gate's expert shares, read back per expert.
+    shares = wait_for(lambda: _gate(daemon)["token_shares"])
+    assert {row["expert"] for row in shares} == {"base", "error_recovery@v1"}, shares
+    assert sum(row["share"] for row in shares) == pytest.approx(1.0, abs=1e-3), shares
 
     assert _post(daemon, "/api/adapters/2/approve").status_code == 200
     wait_for(lambda: _state(daemon, 2) == "live")

@@ -412,8 +412,16 @@ def test_gate_mode_needs_the_gate_module_and_a_gate_for_live_adapters(
     assert missing.status_code == 400 and "ghost@v1" in missing.json()["error"]["message"]
     accepted = router.admin("PUT", "/admin/routing", {"mode": "gate", "gate": str(tmp_path / "gate.safetensors")})
     assert accepted.status_code == 200 and accepted.json()["gate"]["adapters"] == names
+    from prometheus_client import REGISTRY
+
+    def gate_tokens() -> float:
+        return sum(REGISTRY.get_sample_value("tracefix_router_gate_tokens_total", {"expert": name}) or 0.0 for name in ["base", *names])
+
+    before = gate_tokens()
     response = router.chat(max_tokens=3)
     assert response.status_code == 200 and response.json()["model"] == "gate"
+    # The gate's per-token expert weights share out exactly the completion's tokens.
+    assert gate_tokens() - before == pytest.approx(response.json()["usage"]["completion_tokens"], abs=1e-3)
     assert router.chat(model="gatea@v1", max_tokens=2).json()["model"] == "gatea@v1"  # pinning still works
     # Replacing a version the gate was trained with falls back to classifier routing.
     assert router.load("gatea", 2, seed=30).status_code == 200
