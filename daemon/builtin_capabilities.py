@@ -24,6 +24,8 @@ RULES_VERSION = "1"
 # Identifier-like values: a letter-digit mix such as R-48213, ORD5521, a UUID; plain words,
 # plain small numbers and dates are not ids.
 _ID_VALUE = re.compile(r"^(?=.*\d)(?=.*[A-Za-z])[A-Za-z0-9][A-Za-z0-9_\-:.]{2,63}$|^[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}$")
+# Words of tool names that say what a tool does, not what it is about (get_reservation: "reservation").
+_GENERIC_VERBS = frozenset({"fetch", "find", "list", "lookup", "search", "show", "read", "check", "query", "update", "create", "delete", "send", "book", "cancel", "transfer", "make", "with", "from", "info", "details", "data"})
 _DATE_LIKE = re.compile(r"^\d{4}-\d{2}-\d{2}")
 _ID_KEY = re.compile(r"(^|_)(id|ids|number|code|ref|reference)$", re.IGNORECASE)
 # A stated number: not part of an id (R-48213), a date (2025-06-01), a time (06:45) or a version.
@@ -105,10 +107,12 @@ def _compile(schema: dict[str, Any]) -> Callable[[Any], tuple[str, str] | None] 
 
 @dataclass(slots=True)
 class ToolCallPrecision:
-    """LACKING when a call names an unknown tool or its arguments fail the tool's JSON schema."""
+    """LACKING when a call names an unknown tool or its arguments fail the tool's JSON schema, or when
+    a run that was given tools answered without calling any although the user asked about what a
+    tool is named for (get_baggage_policy: "baggage")."""
 
     name: str = "rules.tool_call_precision"
-    version: str = RULES_VERSION
+    version: str = "2"
     # Checking a schema costs far more than validating against it; agents reuse a few schemas.
     _validators: dict[bytes, Any] = field(default_factory=dict)
 
@@ -123,7 +127,7 @@ class ToolCallPrecision:
 
     def label(self, trajectory: Trajectory) -> Judgement:
         if not trajectory.tool_calls:
-            return Judgement(Label.NA, "no tool calls")
+            return self._without_calls(trajectory)
         inferred = trajectory.tools_source == "inferred"
         confidence = 0.6 if inferred else 1.0
         for call in trajectory.tool_calls:
@@ -151,6 +155,30 @@ class ToolCallPrecision:
         return Judgement(
             Label.PRESENT, f"all {len(trajectory.tool_calls)} calls match declared tools and schemas", (), confidence
         )
+
+
+    @staticmethod
+    def _without_calls(trajectory: Trajectory) -> Judgement:
+        """A run offered tools that answered in prose only: LACKING with lower confidence (some
+        requests need no tool; the contrast between failed and successful runs tells which)."""
+        offered = trajectory.tools_source == "trajectory" and trajectory.tools
+        answer = next((turn for turn in trajectory.turns if turn.role == "assistant"), None)
+        if not (offered and answer is not None):
+            return Judgement(Label.NA, "no tool calls")
+        asked = " ".join(turn.content for turn in trajectory.turns if turn.role == "user").lower()
+        words = set(re.findall(r"[a-z]+", asked))
+        topics = sorted({
+            word for name in trajectory.tools for word in name.lower().split("_")
+            if len(word) >= 4 and word not in _GENERIC_VERBS and any(seen.startswith(word) for seen in words)
+        })  # fmt: skip
+        if not topics:
+            return Judgement(Label.NA, "no tool calls, and nothing asked that a tool is named for")
+        evidence = (answer.span_id,) if answer.span_id else ()
+        return Judgement(
+            Label.LACKING,
+            f"asked about {', '.join(topics[:3])} and answered without calling any of the {len(trajectory.tools)} tools it was given",
+            evidence, 0.6,
+        )  # fmt: skip
 
 
 @dataclass(slots=True)

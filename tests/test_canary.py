@@ -70,7 +70,7 @@ class Agent:
             if done():
                 return
             self.converse(outcome)
-        wait_for(done, timeout_s=30)
+        wait_for(done, timeout_s=90)
 
     def close(self) -> None:
         self.provider.shutdown()
@@ -120,7 +120,7 @@ def test_a_canary_is_promoted_a_worse_one_is_rolled_back_and_the_live_watch_roll
     try:
         # v1 takes half of the capability's traffic; the base model serves the rest.
         assert _post(daemon, "/api/adapters/1/approve", {"reason": "fixes refunds"}).status_code == 200
-        wait_for(lambda: _state(daemon, 1) == "canary")
+        wait_for(lambda: _state(daemon, 1) == "canary", timeout_s=90)
         assert router.models() == {"base", V1}
         table = daemon.get("/api/routing")["router"]
         assert table["canaries"][CAPABILITY] == {"name": V1, "share": 0.5, "control": None}
@@ -134,21 +134,21 @@ def test_a_canary_is_promoted_a_worse_one_is_rolled_back_and_the_live_watch_roll
 
         # v2 fails where v1 succeeds: the canary is rolled back on its own and v1 keeps serving.
         assert _post(daemon, "/api/adapters/2/approve").status_code == 200
-        wait_for(lambda: _state(daemon, 2) == "canary")
+        wait_for(lambda: _state(daemon, 2) == "canary", timeout_s=90)
         agent.until(lambda: _state(daemon, 2) == "rolled_back", lambda served: "failure" if served == V2 else "success")
         assert _state(daemon, 1) == "live"
-        wait_for(lambda: router.models() == {"base", V1})
+        wait_for(lambda: router.models() == {"base", V1}, timeout_s=90)
         assert _rollbacks(daemon, "canary") == 1
 
         # Later v1 regresses against its pre-promotion failure rate: the watch rolls it back.
         agent.until(lambda: _state(daemon, 1) == "rolled_back", lambda served: "failure")
-        wait_for(lambda: router.models() == {"base"})
+        wait_for(lambda: router.models() == {"base"}, timeout_s=90)
         assert _rollbacks(daemon, "live") == 1
         capability = daemon.get(f"/api/capabilities/{CAPABILITY}")
         assert capability["state"] == "cooldown"
         # What the router served, read back from its spans: every request of the agent, per expert.
         served = Counter(agent.served)
-        routing = wait_for(lambda: (r := daemon.get("/api/routing")) and {e["expert"]: e["requests"] for e in r["experts"]} == served and r)
+        routing = wait_for(lambda: (r := daemon.get("/api/routing")) and {e["expert"]: e["requests"] for e in r["experts"]} == served and r, timeout_s=90)
         assert sum(point["requests"] for point in routing["series"]) == len(agent.served)
         assert routing["latency"]["routing_p95_ms"] >= routing["latency"]["routing_p50_ms"] > 0
     finally:
@@ -168,11 +168,11 @@ def test_a_canary_is_promoted_a_worse_one_is_rolled_back_and_the_live_watch_roll
 def test_a_canary_rolled_back_by_hand_leaves_the_previous_state_serving(stack: tuple[RunningDaemon, RouterProcess]) -> None:
     daemon, router = stack
     assert _post(daemon, "/api/adapters/1/approve").status_code == 200
-    wait_for(lambda: _state(daemon, 1) == "canary")
+    wait_for(lambda: _state(daemon, 1) == "canary", timeout_s=90)
     assert _post(daemon, "/api/adapters/1/rollback", {"reason": ""}).status_code == 422
     rolled = _post(daemon, "/api/adapters/1/rollback", {"reason": "complaints from the canary"})
     assert rolled.status_code == 200, rolled.text
     assert _state(daemon, 1) == "rolled_back"
-    wait_for(lambda: router.models() == {"base"})
+    wait_for(lambda: router.models() == {"base"}, timeout_s=90)
     assert daemon.get("/api/routing")["router"]["canaries"] == {}
     assert _rollbacks(daemon, "canary") == 0  # counted only when the daemon decides

@@ -78,7 +78,7 @@ def test_the_gate_is_retrained_for_each_live_set_and_the_router_routes_with_it(s
     answer = client.chat.completions.create(model="base", messages=[{"role": "user", "content": "Refund order 7"}], max_tokens=2)
     assert answer.model == "gate", (answer.model, _gate(daemon)["router"])
     # The router's span of that request carries the gate's expert shares, read back per expert.
-    shares = wait_for(lambda: _gate(daemon)["token_shares"])
+    shares = wait_for(lambda: _gate(daemon)["token_shares"], timeout_s=90)
     assert {row["expert"] for row in shares} == {"base", "error_recovery@v1"}, shares
     assert sum(row["share"] for row in shares) == pytest.approx(1.0, abs=1e-3), shares
 

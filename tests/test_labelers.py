@@ -167,3 +167,30 @@ def test_trajectories_endpoint_filters_by_capability_label(labeled: tuple[Runnin
     assert trace_ids[("precondition_verification", "PRESENT")] not in ids
     assert all(item["label"] == "LACKING" and item["reason"] for item in page["items"])
     assert page["total"] == len(page["items"])
+
+
+def _prose_only(question: str, tools: tuple[str, ...], source: str = "trajectory"):  # type: ignore[no-untyped-def]
+    from daemon.capabilities import ToolSpec, Trajectory, Turn
+
+    turns = [Turn(0, "user", question, [], None, "s0"), Turn(1, "assistant", "Happy to help with that!", [], None, "s1")]
+    specs = {name: ToolSpec(name, "", {"type": "object"}) for name in tools}
+    return Trajectory("t", "airline", "failure", turns, [], specs, source)
+
+
+@pytest.mark.parametrize(
+    ("question", "source", "expected"),
+    [
+        ("How many bags can I check on reservation R-12345?", "trajectory", "LACKING"),  # get_baggage_policy, get_reservation
+        ("Please cancel my reservation.", "trajectory", "LACKING"),
+        ("What are your opening hours?", "trajectory", "NA"),  # nothing a tool is named for
+        ("Please cancel my reservation.", "agent", "NA"),  # the run itself was not given the tools
+    ],
+)
+def test_a_run_given_tools_that_answers_in_prose_what_a_tool_is_for_lacks_tool_calls(question: str, source: str, expected: str) -> None:
+    from daemon.builtin_capabilities import ToolCallPrecision
+
+    judgement = ToolCallPrecision().label(_prose_only(question, ("get_baggage_policy", "get_reservation", "cancel_reservation"), source))
+    assert judgement.label.value == expected, judgement.reason
+    if expected == "LACKING":
+        assert "without calling any of the 3 tools" in judgement.reason and judgement.span_ids == ("s1",)
+        assert judgement.confidence < 1
