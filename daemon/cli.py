@@ -149,9 +149,10 @@ def logs(name: str, config_path: Path | None, lines: int, follow: bool) -> None:
 @click.option("--auto-approve", is_flag=True, help="Approve each candidate as soon as it is ready (unattended runs).")
 @click.option("--minutes", type=float, default=None, help="Stop after this many minutes (default: run until Ctrl-C).")
 @click.option("--fast", is_flag=True, help="Smaller settings for a quick look: no validation gate, a warm-start-only adapter.")
-@click.option("--policy", type=click.Choice(["llm", "scripted"]), default="llm", show_default=True,
-              help="The example agent's policy: the model behind the router, or a scripted one with planted flaws.")  # fmt: skip
-@click.option("--rate", type=float, default=0.5, show_default=True, help="Conversations the example agent starts per second.")
+@click.option("--policy", type=click.Choice(["mixed", "llm", "scripted"]), default="mixed", show_default=True,
+              help="The example deployment: the model-driven agent behind the router next to scripted flows (mixed), "
+                   "the model-driven agent alone (llm), or scripted flows with planted flaws (scripted, no model).")  # fmt: skip
+@click.option("--rate", type=float, default=0.5, show_default=True, help="Conversations the example deployment starts per second.")
 def demo(config_path: Path | None, auto_approve: bool, minutes: float | None, fast: bool, policy: str, rate: float) -> None:
     """Run the whole improvement loop on this machine, narrated: the stack, an example agent's
     traffic, the gap, the environment, training, your approval, the canary, before and after."""

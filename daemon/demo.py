@@ -37,7 +37,7 @@ DEMO: dict[str, dict[str, Any]] = {
         "steps": 4, "group_size": 4, "groups_per_step": 2, "warm_start_examples": 24, "warm_start_epochs": 2,
         "eval_seeds": 16, "eval_interference": False, "save_steps": 2,
     },  # fmt: skip
-    "model": {"max_new_tokens": 96},
+    "model": {"max_new_tokens": 96, "threads": 1},  # one thread each: router and trainer share the cores
     "promotion": {"interval_s": 5.0, "canary_fraction": 0.5, "canary_min_trajectories": 30, "watch_min_trajectories": 30},
 }
 FAST: dict[str, dict[str, Any]] = {
@@ -69,7 +69,8 @@ def layered_settings(config_path: Path | None, fast: bool, environ: dict[str, st
 
 @dataclass(slots=True)
 class Tally:
-    """Conversations the example agent finished, split at the moment an adapter went live."""
+    """The model-driven conversations the example agent finished (the ones an adapter can change),
+    split at the moment an adapter went live."""
 
     before: list[bool] = field(default_factory=list)
     after: list[bool] = field(default_factory=list)
@@ -90,17 +91,22 @@ class Tally:
 
 
 class Traffic(threading.Thread):
-    """The example agent in batches until stopped; every finished conversation is tallied."""
+    """The example deployment until stopped: conversations of the model-driven agent (the base model
+    or an adapter behind the router) and, with policy "mixed", of the scripted flows that run next
+    to it, whose successes give the analysis its contrast. Model-driven outcomes are tallied."""
 
-    def __init__(self, settings: Settings, tally: Tally, policy: str, rate: float, batch: int = 8) -> None:
+    def __init__(self, settings: Settings, tally: Tally, policy: str, rate: float, batch: int = 4) -> None:
         super().__init__(name="demo-traffic", daemon=True)
         router, collector = settings.router, settings.collector
-        self.config = {
+        common = {
             "router": f"http://{_loopback(router.host)}:{router.port}/v1",
             "collector": f"http://{_loopback(collector.host)}:{collector.http_port}",
-            "policy": policy, "rate": rate, "conversations": batch, "concurrency": 2,
-            "skip_confirmation": 0.5, "skip_read": 0.3, "max_tokens": settings.model.max_new_tokens,
+            "rate": rate, "conversations": batch, "concurrency": 2,
         }  # fmt: skip
+        model = {**common, "policy": "llm", "max_tokens": settings.model.max_new_tokens, "max_turns": 4, "temperature": 0.3}
+        flows = {**common, "policy": "scripted", "skip_confirmation": 0.0, "skip_read": 0.0}
+        planted = {**common, "policy": "scripted", "skip_confirmation": 0.5, "skip_read": 0.3}
+        self.plan = {"llm": [model], "mixed": [model, flows], "scripted": [planted]}[policy]
         self.tally = tally
         self.stopping = threading.Event()
         self.error: str | None = None
@@ -110,12 +116,18 @@ class Traffic(threading.Thread):
         from examples.airline.runner import RouterUnavailable, run_conversations
 
         while not self.stopping.is_set():
-            try:
-                run_conversations(seed=self.batches, on_outcome=lambda outcome: self.tally.add(outcome.success), **self.config)
-                self.error = None
-            except RouterUnavailable as error:  # the router restarts: wait, then go on
-                self.error = str(error)
-                self.stopping.wait(5)
+            for config in self.plan:
+                if self.stopping.is_set():
+                    return
+                counted = config["policy"] == "llm" or len(self.plan) == 1
+                try:
+                    run_conversations(
+                        seed=self.batches, on_outcome=(lambda outcome: self.tally.add(outcome.success)) if counted else None, **config
+                    )  # fmt: skip
+                    self.error = None
+                except RouterUnavailable as error:  # the router restarts: wait, then go on
+                    self.error = str(error)
+                    self.stopping.wait(5)
             self.batches += 1
 
 
@@ -161,7 +173,7 @@ class Narrator:
         self._environments(environments)
         self._runs(runs)
         self._adapters(adapters, routing)
-        self.rows["agent failure rate"] = (
+        self.rows["model-driven failure rate"] = (
             f"before the adapter {self.tally.failure_rate(self.tally.before)} · after {self.tally.failure_rate(self.tally.after)}"
         )
 
@@ -269,7 +281,7 @@ def run(
     console = Console(stderr=True)
     if not stack.stopping.is_set():
         traffic.start()
-        say(f"the example airline agent talks to the router ({policy} policy); watch it all at {dashboard_url}")
+        say(f"the example airline deployment is running ({policy}); watch it all at {dashboard_url}")
 
     def table() -> Table:
         grid = Table.grid(padding=(0, 2))
@@ -293,8 +305,9 @@ def run(
             if deadline is not None and time.monotonic() > deadline:
                 break
     traffic.stopping.set()
-    say(f"agent failure rate before the adapter: {tally.failure_rate(tally.before)}; after: {tally.failure_rate(tally.after)}")
     say("stopping …")
+    traffic.join(120)  # its conversations in flight finish and their spans go out before the collector stops
+    say(f"model-driven failure rate before the adapter: {tally.failure_rate(tally.before)}; after: {tally.failure_rate(tally.after)}")
     stack.stop()
     client.close()
     return 0
