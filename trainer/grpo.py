@@ -188,7 +188,10 @@ def warm_start(model: Any, tokenizer: Any, environment: Environment, config: Tra
     arguments = SFTConfig(
         output_dir=str(output_dir / "warm_start"),
         num_train_epochs=config.warm_start_epochs,
-        per_device_train_batch_size=4,
+        # One demonstration per forward pass, four per update: an agent's tool definitions make
+        # prompts of thousands of tokens, and a batch of their logits does not fit the memory limit.
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=4,
         learning_rate=config.warm_start_learning_rate,
         lr_scheduler_type="constant",
         logging_steps=1,
