@@ -153,13 +153,15 @@ def logs(name: str, config_path: Path | None, lines: int, follow: bool) -> None:
               help="The example deployment: the model-driven agent behind the router next to scripted flows (mixed), "
                    "the model-driven agent alone (llm), or scripted flows with planted flaws (scripted, no model).")  # fmt: skip
 @click.option("--rate", type=float, default=0.5, show_default=True, help="Conversations the example deployment starts per second.")
-def demo(config_path: Path | None, auto_approve: bool, minutes: float | None, fast: bool, policy: str, rate: float) -> None:
+@click.option("--after", type=click.IntRange(min=0), default=0,
+              help="Stop once this many model-driven conversations have finished after an adapter went live (0: keep going).")  # fmt: skip
+def demo(config_path: Path | None, auto_approve: bool, minutes: float | None, fast: bool, policy: str, rate: float, after: int) -> None:
     """Run the whole improvement loop on this machine, narrated: the stack, an example agent's
     traffic, the gap, the environment, training, your approval, the canary, before and after."""
     from daemon import demo as guided
 
     try:
-        status = guided.run(config_path, fast, auto_approve, minutes, policy, rate, lambda line: click.echo(line, err=True))
+        status = guided.run(config_path, fast, auto_approve, minutes, policy, rate, lambda line: click.echo(line, err=True), after)
     except ConfigError as error:
         raise click.ClickException(str(error)) from None
     sys.exit(status)

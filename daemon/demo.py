@@ -244,9 +244,10 @@ class Narrator:
 
 def run(
     config_path: Path | None, fast: bool, auto_approve: bool, minutes: float | None, policy: str, rate: float,
-    say: Callable[[str], None],
+    say: Callable[[str], None], after: int = 0,
 ) -> int:  # fmt: skip
-    """`tracefix demo`: returns the exit status."""
+    """`tracefix demo`: returns the exit status. With `after`, it ends once that many model-driven
+    conversations have finished after an adapter went live."""
     import signal
 
     from rich.console import Console
@@ -303,6 +304,9 @@ def run(
             narrator.poll()
             live.update(table())
             if deadline is not None and time.monotonic() > deadline:
+                break
+            if after and len(tally.after) >= after:
+                live.console.print(f"{len(tally.after)} model-driven conversations since the adapter went live: done")
                 break
     traffic.stopping.set()
     say("stopping …")

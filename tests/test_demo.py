@@ -53,3 +53,39 @@ def test_the_demo_runs_the_loop_unattended_to_a_candidate_and_beyond(tmp_path: P
     assert "candidate ready" in done.stderr and "approved" in done.stderr
     with pytest.raises(httpx.HTTPError):  # everything stopped with the demo
         httpx.get(f"http://127.0.0.1:{ports['api']}/healthz", timeout=2)
+
+
+def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model: Path) -> None:
+    """The quick variant: a tiny random model behind the router fails every task and never calls a
+    tool; next to scripted flows that succeed, tool_call_precision is the gap. It goes through an
+    environment, a warm-start adapter, auto-approval, the canary (fixed routing sends all of the
+    capability's traffic through the split), promotion, and conversations measured after it."""
+    ports = {"api": free_port(), "http": free_port(), "grpc": free_port(), "router": free_port(), "dashboard": free_port()}
+    config = tmp_path / "demo.toml"
+    config.write_text(
+        f'[store]\npath = "{tmp_path / "data" / "tracefix.duckdb"}"\n'
+        f"[collector]\nhttp_port = {ports['http']}\ngrpc_port = {ports['grpc']}\n[api]\nport = {ports['api']}\n"
+        f'[router]\nport = {ports["router"]}\nrouting = "fixed"\nfixed_adapter = "tool_call_precision"\nmax_context_tokens = 4096\n'
+        f"[dashboard]\nport = {ports['dashboard']}\n"
+        f'[model]\nname = "{tiny_model}"\nmax_new_tokens = 8\n'
+        "[analysis]\ninterval_s = 1.0\nmin_failures = 5\n"
+        "[training]\nwarm_start_examples = 2\neval_seeds = 2\neval_margin = 0.0\n"
+        "[promotion]\ninterval_s = 1.0\ncanary_min_trajectories = 3\nwatch_min_trajectories = 1000\n"
+    )
+    command = [sys.executable, "-m", "daemon.cli", "demo", "--config", str(config), "--fast", "--auto-approve",
+               "--minutes", "12", "--after", "3", "--rate", "4"]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, env=os.environ)
+    output = done.stderr
+    assert done.returncode == 0, output[-3000:]
+    stages = [
+        "capability selected: tool_call_precision", "environment 1 (tool_call_precision): checked",
+        "training run 1 (tool_call_precision v1): running", "candidate ready: tool_call_precision@v1",
+        "tool_call_precision@v1: approved", "tool_call_precision@v1: canary", "tool_call_precision@v1: live",
+        "model-driven conversations since the adapter went live: done",
+    ]  # fmt: skip
+    positions = [output.find(stage) for stage in stages]
+    assert all(position >= 0 for position in positions) and positions == sorted(positions), (positions, output[-4000:])
+    before, _, after = output.rpartition("model-driven failure rate before the adapter: ")[2].partition("; after: ")
+    assert before.split(" on ")[1].strip().isdigit() and int(after.split(" on ")[1].split()[0]) >= 3, output[-1000:]
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{ports['router']}/healthz", timeout=2)

@@ -28,4 +28,5 @@ def test_a_write_before_any_read_is_lacking_precondition_verification() -> None:
 def test_a_call_that_fails_its_schema_is_lacking_tool_call_precision() -> None:
     assert _judge("tool_call_precision", assistant_call("get_reservation", {"reservation": 5})) == "LACKING"
     assert _judge("tool_call_precision", assistant_call("get_reservation", {"reservation_id": "R-12345"})) == "PRESENT"
-    assert _judge("tool_call_precision", assistant_text("Sure, one moment.")) == "NA"
+    # Asked to cancel a reservation and answering in prose is no call at all: lacking too.
+    assert _judge("tool_call_precision", assistant_text("Sure, one moment.")) == "LACKING"
