@@ -161,6 +161,7 @@ class Narrator:
             runs = self.client.get("/api/runs")["items"]
             adapters = self.client.get("/api/adapters")["items"]
             routing = self.client.get("/api/routing")
+            audit = self.client.get("/api/audit")["items"]
         except (DaemonUnavailable, ApiError) as error:
             self.rows["daemon"] = f"[red]{error}[/red]"
             return
@@ -173,6 +174,7 @@ class Narrator:
         self._environments(environments)
         self._runs(runs)
         self._adapters(adapters, routing)
+        self._decisions(audit, {item["adapter_id"]: f"{item['capability']}@v{item['version']}" for item in adapters})
         self.rows["model-driven failure rate"] = (
             f"before the adapter {self.tally.failure_rate(self.tally.before)} · after {self.tally.failure_rate(self.tally.after)}"
         )
@@ -227,8 +229,6 @@ class Narrator:
                 )
                 if self.auto_approve:
                     self.client.post(f"/api/adapters/{adapter['adapter_id']}/approve", {"reason": "tracefix demo --auto-approve"})
-            else:
-                self.event(f"adapter:{adapter['adapter_id']}:{state}", f"{name}: {state} — {adapter.get('state_reason') or ''}")
             if state in ("canary", "live") and adapter["adapter_id"] in judged:
                 report = judged[adapter["adapter_id"]]
                 own, reference = report.get("adapter", {}), report.get("reference", {})
@@ -240,6 +240,15 @@ class Narrator:
             if state == "live" and self.tally.live_since is None:
                 self.tally.live_since = time.time()
                 self.say(f"{name} is live: the agent's conversations from now on count as 'after'")
+
+    def _decisions(self, audit: list[dict[str, Any]], names: dict[int, str]) -> None:
+        """Every human and automatic decision, oldest first, as the audit log records it."""
+        for entry in sorted(audit, key=lambda row: row["audit_id"]):
+            name = names.get(entry["adapter_id"], f"adapter {entry['adapter_id']}")
+            self.event(
+                f"audit:{entry['audit_id']}",
+                f"{name}: {entry['from_state']} → {entry['to_state']} by {entry['actor']}: {entry['reason']}",
+            )
 
 
 def run(

@@ -206,7 +206,9 @@ class RouterSettings(Section):
     max_context_tokens: int = Field(8192, ge=256, description="Longer prompts are refused with a context_length_exceeded error.")
     max_batch: int = Field(8, ge=1, description="Most requests generated together in one batch.")
     export_spans: bool = Field(True, description="Send a GenAI span per request to the collector (served traffic flows back into analysis).")
-    otlp_endpoint: str = Field("http://127.0.0.1:4318", description="Where the router's spans go (OTLP/HTTP).")
+    otlp_endpoint: str = Field(
+        "", description="Where the router's spans go (OTLP/HTTP); empty = this configuration's own collector ([collector] http_port)."
+    )
 
 
 class GateTrainingSettings(Section):

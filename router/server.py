@@ -44,7 +44,7 @@ from router.backend import (
 )
 from router.protocol import ApiError, ChatRequest
 from router.routing import Lease, RoutingError, RoutingTable, UnknownAdapter
-from router.telemetry import Telemetry
+from router.telemetry import Telemetry, spans_endpoint
 from trainer.adapters import AdapterRejected
 
 log = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
     """The FastAPI application serving `backend` with the routing of `settings.router`."""
     router_settings = settings.router
     base_name = router_settings.model_name
-    telemetry = Telemetry(router_settings)
+    telemetry = Telemetry(router_settings, spans_endpoint(settings))
     table = RoutingTable(backend, router_settings.routing, router_settings.fixed_adapter)
     started = int(time.time())
     app = FastAPI(title="tracefix router", version=VERSION)

@@ -11,12 +11,21 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from daemon.settings import RouterSettings
+from daemon.settings import RouterSettings, Settings
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "tracefix-router"
 TRACES_PATH = "/v1/traces"
+
+
+def spans_endpoint(settings: Settings) -> str:
+    """[router] otlp_endpoint, or the collector this same configuration runs."""
+    if settings.router.otlp_endpoint:
+        return settings.router.otlp_endpoint
+    collector = settings.collector
+    host = "127.0.0.1" if collector.host in ("0.0.0.0", "::", "") else collector.host
+    return f"http://{host}:{collector.http_port}"
 
 
 def traces_url(endpoint: str) -> str:
@@ -28,7 +37,7 @@ def traces_url(endpoint: str) -> str:
 class Telemetry:
     """Records request spans through a batch processor; does nothing when export is off."""
 
-    def __init__(self, settings: RouterSettings) -> None:
+    def __init__(self, settings: RouterSettings, endpoint: str) -> None:
         self._provider: Any = None
         if not settings.export_spans:
             return
@@ -44,7 +53,7 @@ class Telemetry:
             )
             return
         self._provider = TracerProvider(resource=Resource.create({"service.name": SERVICE_NAME}))
-        exporter = OTLPSpanExporter(endpoint=traces_url(settings.otlp_endpoint))
+        exporter = OTLPSpanExporter(endpoint=traces_url(endpoint))
         self._provider.add_span_processor(BatchSpanProcessor(exporter))
         self._tracer = self._provider.get_tracer("tracefix.router")
 

@@ -55,6 +55,7 @@ def test_the_demo_runs_the_loop_unattended_to_a_candidate_and_beyond(tmp_path: P
         httpx.get(f"http://127.0.0.1:{ports['api']}/healthz", timeout=2)
 
 
+@pytest.mark.timeout(900)
 def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model: Path) -> None:
     """The quick variant: a tiny random model behind the router fails every task and never calls a
     tool; next to scripted flows that succeed, tool_call_precision is the gap. It goes through an
@@ -80,7 +81,8 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
     stages = [
         "capability selected: tool_call_precision", "environment 1 (tool_call_precision): checked",
         "training run 1 (tool_call_precision v1): running", "candidate ready: tool_call_precision@v1",
-        "tool_call_precision@v1: approved", "tool_call_precision@v1: canary", "tool_call_precision@v1: live",
+        "tool_call_precision@v1: candidate → approved by admin", "tool_call_precision@v1: approved → canary by promotion",
+        "tool_call_precision@v1: canary → live by promotion",
         "model-driven conversations since the adapter went live: done",
     ]  # fmt: skip
     positions = [output.find(stage) for stage in stages]
