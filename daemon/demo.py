@@ -27,6 +27,7 @@ from typing import Any
 from daemon.client import ApiError, DaemonClient, DaemonUnavailable
 from daemon.intervals import wilson
 from daemon.settings import ENV_PREFIX, Settings, load_settings
+from daemon.supervisor import loopback
 
 # Demo defaults: analysis often enough to watch, a gate and training sized for the CPU, a canary
 # that decides on a few dozen conversations.
@@ -99,8 +100,8 @@ class Traffic(threading.Thread):
         super().__init__(name="demo-traffic", daemon=True)
         router, collector = settings.router, settings.collector
         common = {
-            "router": f"http://{_loopback(router.host)}:{router.port}/v1",
-            "collector": f"http://{_loopback(collector.host)}:{collector.http_port}",
+            "router": f"http://{loopback(router.host)}:{router.port}/v1",
+            "collector": f"http://{loopback(collector.host)}:{collector.http_port}",
             "rate": rate, "conversations": batch, "concurrency": 2,
         }  # fmt: skip
         model = {**common, "policy": "llm", "max_tokens": settings.model.max_new_tokens, "max_turns": 4, "temperature": 0.3}
@@ -129,10 +130,6 @@ class Traffic(threading.Thread):
                     self.error = str(error)
                     self.stopping.wait(5)
             self.batches += 1
-
-
-def _loopback(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
 class Narrator:
@@ -282,7 +279,7 @@ def run(
         say(f"tracefix demo failed: {error}")
         return 1
     dashboard = settings.dashboard
-    dashboard_url = f"http://{_loopback(dashboard.host)}:{dashboard.port}"
+    dashboard_url = f"http://{loopback(dashboard.host)}:{dashboard.port}"
     tally = Tally()
     traffic = Traffic(settings, tally, policy, rate)
     client = DaemonClient(settings)
