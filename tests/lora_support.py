@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
@@ -24,3 +25,13 @@ def make_adapter(base_dir: Path, directory: Path, capability: str, version: int,
     manifest = {"capability": capability, "version": version, "base_model_hash": adapters.base_model_hash(base_dir)}
     adapters.save_adapter(model, directory, manifest)
     return directory
+
+
+def register_candidate(store: Any, capability: str, version: int, path: Path | str, run_id: int, environment_id: int = 1) -> int:
+    """An adapter row in state `candidate`, as the training job writes one (its id)."""
+    rows = store.query(
+        "INSERT INTO adapters (capability, version, run_id, environment_id, path, manifest_sha256, state, evaluation, created_at) "
+        "VALUES (?, ?, ?, ?, ?, 'x', 'candidate', '{}', now()) RETURNING adapter_id",
+        [capability, version, run_id, environment_id, str(path)],
+    )
+    return rows[0]["adapter_id"]

@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from daemon.settings import StoreSettings  # noqa: E402
 from daemon.store import Store  # noqa: E402
 from tests.conftest import RunningDaemon, free_port, make_daemon, wait_for  # noqa: E402
-from tests.lora_support import make_adapter  # noqa: E402
+from tests.lora_support import make_adapter, register_candidate  # noqa: E402
 from tests.test_going_live import RouterProcess, _post, _state  # noqa: E402
 
 CAPABILITY = "error_recovery"
@@ -81,11 +81,7 @@ def stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, Rou
     paths = [make_adapter(tiny_model, tmp_path / "adapters" / f"v{version}", CAPABILITY, version, version) for version in (1, 2)]
     store = Store(StoreSettings(path=tmp_path / "tracefix.duckdb"))
     for version, path in enumerate(paths, start=1):
-        store.query(
-            "INSERT INTO adapters (capability, version, run_id, environment_id, path, manifest_sha256, state, evaluation, created_at) "
-            "VALUES (?, ?, ?, 1, ?, 'x', 'candidate', '{}', now()) RETURNING adapter_id",
-            [CAPABILITY, version, version, str(path)],
-        )
+        register_candidate(store, CAPABILITY, version, path, version)
     store.close()
     daemon = make_daemon(
         tmp_path,
@@ -97,8 +93,6 @@ def stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, Rou
             "interval_s": 0.3, "canary_fraction": 0.5, "canary_min_trajectories": MINIMUM, "watch_min_trajectories": MINIMUM,
         },  # fmt: skip
     )
-    daemon.sections["router"]["otlp_endpoint"] = daemon.http_url
-    daemon.__post_init__()
     daemon.start()
     router = RouterProcess(daemon).start()
     yield daemon, router

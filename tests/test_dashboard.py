@@ -530,7 +530,8 @@ def test_the_routing_page_in_a_browser_shows_the_canary_against_the_live_version
     with running_dashboard(daemon, free_port()) as url:
         browser.get(f"{url}/routing")
         _wait_for_text(browser, "Serving versions", "The router did not answer", "Canary and live comparison")
-        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, ".vega-embed canvas, .vega-embed svg"), timeout_s=30)
+        charts = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, ".vega-embed canvas, .vega-embed svg"), timeout_s=30)
+        assert charts  # wait_for raises when none appear in time
         _screenshot(browser, "routing", tmp_path)
 
 
@@ -549,7 +550,7 @@ def test_pages_refresh_by_themselves_as_traces_arrive(browser: Any, dashboard_ur
     send(generate(12, seed=99, failure_rate=0.5, gaps=GAPS), loaded.http_url, "http/protobuf", "log")
     loaded.wait_assembled()
     # No reload, no click: the page's own refresh ([dashboard] refresh_s = 5) shows the new count.
-    wait_for(lambda: shown_count() == str(before + 12), timeout_s=30)
+    assert wait_for(lambda: shown_count() == str(before + 12), timeout_s=30)
 
 
 def test_clicking_approve_in_the_browser_makes_the_adapter_approved_in_the_api(

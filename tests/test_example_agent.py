@@ -292,8 +292,6 @@ def router_stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaem
         model={"name": str(tiny_model), "threads": 1},
         router={"port": free_port(), "routing": "off", "max_context_tokens": 4096, "max_new_tokens": 24},
     )
-    daemon.sections["router"]["otlp_endpoint"] = daemon.http_url
-    daemon.__post_init__()  # rewrite the config with the collector as the router's span target
     daemon.start()
     url = f"http://127.0.0.1:{daemon.sections['router']['port']}"
     log = (tmp_path / "router.log").open("ab")

@@ -17,7 +17,7 @@ pytest.importorskip("peft")
 from daemon.settings import StoreSettings  # noqa: E402
 from daemon.store import AnalysisStore, Store  # noqa: E402
 from tests.conftest import REPO, RunningDaemon, free_port, make_daemon, wait_for  # noqa: E402
-from tests.lora_support import make_adapter  # noqa: E402
+from tests.lora_support import make_adapter, register_candidate  # noqa: E402
 from tests.test_going_live import RouterProcess, _post, _state  # noqa: E402
 from trainer.environment import Environment, load_tools  # noqa: E402
 from trainer.families import load_families  # noqa: E402
@@ -36,11 +36,7 @@ def stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, Rou
         environment = Environment(family, load_tools(DEFINITIONS), family.levels[0])
         environment_id = analysis.add_environment(capability, environment.spec(), "shop", DEFINITIONS, None, "checked", {"passed": True})
         path = make_adapter(tiny_model, tmp_path / "adapters" / capability, capability, 1, number)
-        store.query(
-            "INSERT INTO adapters (capability, version, run_id, environment_id, path, manifest_sha256, state, evaluation, created_at) "
-            "VALUES (?, 1, ?, ?, ?, 'x', 'candidate', '{}', now()) RETURNING adapter_id",
-            [capability, number, environment_id, str(path)],
-        )
+        register_candidate(store, capability, 1, path, number, environment_id)
     store.close()
     daemon = make_daemon(
         tmp_path,
@@ -49,8 +45,6 @@ def stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, Rou
         promotion={"canary": False, "interval_s": 0.5},
         gate={"enabled": True, "steps": 3, "examples_per_adapter": 2},
     )
-    daemon.sections["router"]["otlp_endpoint"] = daemon.http_url
-    daemon.__post_init__()
     daemon.start()
     router = RouterProcess(daemon).start()
     yield daemon, router

@@ -24,7 +24,7 @@ pytest.importorskip("peft")
 from daemon.settings import StoreSettings  # noqa: E402
 from daemon.store import Store  # noqa: E402
 from tests.conftest import REPO, RunningDaemon, free_port, make_daemon, wait_for  # noqa: E402
-from tests.lora_support import make_adapter  # noqa: E402
+from tests.lora_support import make_adapter, register_candidate  # noqa: E402
 
 CAPABILITY = "error_recovery"
 
@@ -68,11 +68,7 @@ def stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, Rou
     paths = [make_adapter(tiny_model, tmp_path / "adapters" / f"v{version}", CAPABILITY, version, version) for version in (1, 2)]
     store = Store(StoreSettings(path=tmp_path / "tracefix.duckdb"))
     for version, path in enumerate(paths, start=1):
-        store.query(
-            "INSERT INTO adapters (capability, version, run_id, environment_id, path, manifest_sha256, state, evaluation, created_at) "
-            "VALUES (?, ?, ?, 1, ?, 'x', 'candidate', '{}', now()) RETURNING adapter_id",
-            [CAPABILITY, version, version, str(path)],
-        )
+        register_candidate(store, CAPABILITY, version, path, version)
     store.close()
     daemon = make_daemon(
         tmp_path,
@@ -81,8 +77,6 @@ def stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, Rou
         router={"port": free_port(), "routing": "classifier", "max_context_tokens": 2048},
         promotion={"canary": False, "interval_s": 0.5},  # the canary path is tests/test_canary.py
     )
-    daemon.sections["router"]["otlp_endpoint"] = daemon.http_url
-    daemon.__post_init__()  # rewrite the config with the collector as the router's span target
     daemon.start()
     router = RouterProcess(daemon).start()
     yield daemon, router, paths

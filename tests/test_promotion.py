@@ -11,17 +11,14 @@ import pytest
 from daemon.promotion import IllegalTransition, NotFound, Promotion
 from daemon.settings import StoreSettings
 from daemon.store import Store
+from tests.lora_support import register_candidate
 
 
 @pytest.fixture
 def promotion(tmp_path: Path) -> Iterator[Promotion]:
     store = Store(StoreSettings(path=tmp_path / "tracefix.duckdb"))
     for version in (1, 2):
-        store.query(
-            "INSERT INTO adapters (capability, version, run_id, environment_id, path, manifest_sha256, state, evaluation, created_at) "
-            "VALUES ('error_recovery', ?, ?, 1, ?, 'x', 'candidate', '{}', now()) RETURNING adapter_id",
-            [version, version, f"/adapters/v{version}"],
-        )
+        register_candidate(store, "error_recovery", version, f"/adapters/v{version}", version)
     yield Promotion(store)
     store.close()
 
