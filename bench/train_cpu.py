@@ -1,6 +1,7 @@
 """Train one adapter on the CPU with the real SmolLM2-135M and measure what it changes.
 
-The capability's environment is built on the example agent's tools (examples/traffic.py). The base
+The capability's environment is built on an example agent's tools (`--tools`: the traffic
+generator's, examples/traffic.py, or the airline demo's, examples/airline/tools.py). The base
 and the adapter are scored on held-out seeds (greedy), with 95 % intervals; with ``--baseline`` the
 same rollout budget is also spent on plain GRPO over a mix of all built-in environments (the
 paper's "GRPO on target" baseline) and scored the same way.
@@ -20,13 +21,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from examples.traffic import TOOLS  # noqa: E402
+from examples.airline.tools import TOOLS as AIRLINE_TOOLS  # noqa: E402
+from examples.traffic import TOOLS as TRAFFIC_TOOLS  # noqa: E402
 from trainer import model as models  # noqa: E402
 from trainer.environment import Environment, Family, Instance, Tool, load_tools  # noqa: E402
 from trainer.evaluation import score  # noqa: E402
 from trainer.families import load_families  # noqa: E402
 from trainer.grpo import TrainConfig, train  # noqa: E402
 from trainer.rollouts import Sampling  # noqa: E402
+
+
+TOOL_SETS = {"traffic": TRAFFIC_TOOLS, "airline": AIRLINE_TOOLS}
 
 
 class Mixed(Family):
@@ -46,7 +51,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(arguments.threads)
     model_dir = models.resolve(arguments.model, Path(arguments.cache))
-    tools = load_tools(TOOLS)
+    tools = load_tools(TOOL_SETS[arguments.tools])
     families = load_families()
     target = Environment(families[arguments.capability], tools)
     sampling = Sampling(arguments.max_new_tokens, 0.0)
@@ -73,6 +78,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
     adapter = score(model, tokenizer, target, seeds, sampling)
     result: dict[str, Any] = {
         "capability": arguments.capability,
+        "tools": arguments.tools,
         "model": arguments.model,
         "config": config.to_dict(),
         "train_seconds": round(trained_s, 1),
@@ -104,6 +110,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--capability", default="tool_call_precision")
+    parser.add_argument("--tools", choices=sorted(TOOL_SETS), default="traffic", help="whose tool definitions the environment uses")
     parser.add_argument("--model", default=models.EMBEDDED)
     parser.add_argument("--cache", default=".tracefix/models")
     parser.add_argument("--output", default=".tracefix/bench-train")

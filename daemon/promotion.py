@@ -20,6 +20,7 @@ rollbacks are counted in ``tracefix_adapter_rollbacks_total``.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,6 +30,7 @@ import orjson
 from daemon import metrics
 from daemon.canary import Rate, Verdict, capability_failure_rate, judge, routed_outcomes, z_of
 from daemon.registry import Registry
+from daemon.router_client import RouterError
 from daemon.settings import Settings
 from daemon.store import AnalysisStore, Store
 from daemon.trigger import start_cooldown
@@ -87,6 +89,9 @@ class Promotion:
         self.store = store
         self.settings = settings or Settings()
         self.registry = Registry(store)
+        # Decisions take turns: a rollback by hand must not land between the promote job reading
+        # what the router serves and loading what the registry wants (it would load it again).
+        self.turn = threading.RLock()
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -164,16 +169,33 @@ class Promotion:
         return Decision(adapter_id, from_state, to_state, actor, reason)
 
     def approve(self, adapter_id: int, actor: str, reason: str = "") -> Decision:
-        return self.move(adapter_id, "approved", actor, reason or "approved", "approve")
+        with self.turn:
+            return self.move(adapter_id, "approved", actor, reason or "approved", "approve")
 
     def reject(self, adapter_id: int, actor: str, reason: str) -> Decision:
-        return self.move(adapter_id, "rejected", actor, reason, "reject")
+        with self.turn:
+            return self.move(adapter_id, "rejected", actor, reason, "reject")
 
     def record_error(self, adapter_id: int, error: str) -> None:
         with self.store.transaction() as tx:
             tx.execute("UPDATE adapters SET last_error = ?, updated_at = now() WHERE adapter_id = ?", [error, adapter_id])
 
     # -- going live ----------------------------------------------------------------------------
+
+    def run_pass(self, router: RouterClient) -> list[Decision]:
+        """One pass of the promote job: the router first serves exactly the registry's live and
+        canary set, then approved adapters go to it and canaries and live adapters are judged."""
+        with self.turn:
+            if self.registry_has_served():
+                try:
+                    self.reconcile(router)
+                except RouterError as error:  # down or restarting: approvals still record why they wait
+                    log.warning("router not reconciled: %s", error)
+            return self.promote_pass(router)
+
+    def registry_has_served(self) -> bool:
+        """Whether any version was ever handed to the router (so the router may hold adapters)."""
+        return bool(self.store.query("SELECT 1 FROM adapters WHERE state IN ('canary', 'live', 'retired', 'rolled_back') LIMIT 1"))
 
     def promote_pass(self, router: RouterClient) -> list[Decision]:
         """Load each approved adapter into the router (as a canary, or straight to all of its
@@ -287,31 +309,32 @@ class Promotion:
     ) -> list[Decision]:
         """Take a canary or live version out of service; the version it replaced (if any) serves again
         and the capability cools down (`watched`: the watch that called it records its own why)."""
-        adapter = self.adapter(adapter_id)
-        if adapter["state"] not in ("live", "canary"):
-            raise IllegalTransition(f"adapter {adapter_id} is {adapter['state']}; only a canary or live adapter can be rolled back")
-        if not reason.strip():
-            raise ValueError("a reason is required to roll back an adapter")
-        if not watched:
-            cool = f"{served_name(adapter)} rolled back by {actor}: {reason}"
-            start_cooldown(AnalysisStore(self.store), adapter["capability"], cool, self.settings.trigger.cooldown_hours)
-        if adapter["state"] == "canary":  # the previous version never stopped serving
-            router.unload(served_name(adapter))
-            return [self.move(adapter_id, "rolled_back", actor, reason, "rollback")]
-        previous = self.store.query(
-            "SELECT * FROM adapters WHERE capability = ? AND state = 'retired' AND version < ? ORDER BY version DESC LIMIT 1",
-            [adapter["capability"], adapter["version"]],
-        )
-        if previous:
-            router.load(served_name(previous[0]), previous[0]["capability"], previous[0]["version"], previous[0]["path"], previous[0]["capability"])
-        router.unload(served_name(adapter))
-        decisions = [self.move(adapter_id, "rolled_back", actor, reason, "rollback")]
-        if previous:
-            decisions.append(
-                self.move(previous[0]["adapter_id"], "live", actor, f"restored: {served_name(adapter)} rolled back", "restore",
-                          routed_since_ns=time.time_ns())  # fmt: skip
+        with self.turn:
+            adapter = self.adapter(adapter_id)
+            if adapter["state"] not in ("live", "canary"):
+                raise IllegalTransition(f"adapter {adapter_id} is {adapter['state']}; only a canary or live adapter can be rolled back")
+            if not reason.strip():
+                raise ValueError("a reason is required to roll back an adapter")
+            if not watched:
+                cool = f"{served_name(adapter)} rolled back by {actor}: {reason}"
+                start_cooldown(AnalysisStore(self.store), adapter["capability"], cool, self.settings.trigger.cooldown_hours)
+            if adapter["state"] == "canary":  # the previous version never stopped serving
+                router.unload(served_name(adapter))
+                return [self.move(adapter_id, "rolled_back", actor, reason, "rollback")]
+            previous = self.store.query(
+                "SELECT * FROM adapters WHERE capability = ? AND state = 'retired' AND version < ? ORDER BY version DESC LIMIT 1",
+                [adapter["capability"], adapter["version"]],
             )
-        return decisions
+            if previous:
+                router.load(served_name(previous[0]), previous[0]["capability"], previous[0]["version"], previous[0]["path"], previous[0]["capability"])
+            router.unload(served_name(adapter))
+            decisions = [self.move(adapter_id, "rolled_back", actor, reason, "rollback")]
+            if previous:
+                decisions.append(
+                    self.move(previous[0]["adapter_id"], "live", actor, f"restored: {served_name(adapter)} rolled back", "restore",
+                              routed_since_ns=time.time_ns())  # fmt: skip
+                )
+            return decisions
 
     def reconcile(self, router: RouterClient) -> tuple[list[str], list[str]]:
         """Bring the router to exactly the registry's live and canary set (after either restarts):

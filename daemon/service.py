@@ -29,7 +29,7 @@ from daemon.synthesis import Synthesizer
 from daemon.trigger import HEALTHY, Trigger
 from daemon.promotion import Promotion
 from daemon.registry import Registry
-from daemon.router_client import RouterAdmin, RouterError
+from daemon.router_client import RouterAdmin
 from daemon.training_job import TrainingRunner
 from daemon.gate_job import GateRunner
 from daemon.validation_job import Validator
@@ -113,16 +113,6 @@ class Daemon:
                 function()
 
         return run
-
-    def _promote(self) -> None:
-        """Approved adapters go to the router, canaries and live adapters are judged on their routed
-        outcomes, and the router serves exactly the registry's live and canary set."""
-        if self.promotion.in_state("live") or self.promotion.in_state("canary"):
-            try:
-                self.promotion.reconcile(self.router_admin)
-            except RouterError as error:  # down or restarting: approvals still record why they wait
-                log.warning("router not reconciled: %s", error)
-        self.promotion.promote_pass(self.router_admin)
 
     def _assemble(self) -> None:
         # Ingest first: while exporters are sending, assemble in small passes so no pass holds
@@ -257,7 +247,7 @@ class Daemon:
                 max_instances=2,
             )
             self.scheduler.add_job(
-                self._job("promote", self._promote),
+                self._job("promote", lambda: self.promotion.run_pass(self.router_admin)),
                 "interval",
                 seconds=self.settings.promotion.interval_s,
                 id="promote",

@@ -28,7 +28,8 @@ from opentelemetry.sdk.resources import Resource  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 
-from daemon.settings import StoreSettings  # noqa: E402
+from daemon.router_client import RouterAdmin  # noqa: E402
+from daemon.settings import StoreSettings, load_settings  # noqa: E402
 from daemon.store import Store  # noqa: E402
 from tests.conftest import RunningDaemon, free_port, make_daemon, wait_for  # noqa: E402
 from tests.lora_support import make_adapter, register_candidate  # noqa: E402
@@ -170,3 +171,11 @@ def test_a_canary_rolled_back_by_hand_leaves_the_previous_state_serving(stack: t
     wait_for(lambda: router.models() == {"base"}, timeout_s=90)
     assert daemon.get("/api/routing")["router"]["canaries"] == {}
     assert _rollbacks(daemon, "canary") == 0  # counted only when the daemon decides
+
+    # A version the registry took out of service that the router serves anyway (a load that raced
+    # the rollback, an operator's hand) is unloaded by the next promote pass.
+    adapter = daemon.get("/api/adapters/1")
+    RouterAdmin(load_settings(daemon.config_path)).load(V1, CAPABILITY, 1, adapter["path"], CAPABILITY, 0.5)
+    assert V1 in router.models()
+    wait_for(lambda: router.models() == {"base"}, timeout_s=30)
+    assert _state(daemon, 1) == "rolled_back"
