@@ -155,13 +155,17 @@ def logs(name: str, config_path: Path | None, lines: int, follow: bool) -> None:
 @click.option("--rate", type=float, default=0.5, show_default=True, help="Conversations the example deployment starts per second.")
 @click.option("--after", type=click.IntRange(min=0), default=0,
               help="Stop once this many model-driven conversations have finished after an adapter went live (0: keep going).")  # fmt: skip
-def demo(config_path: Path | None, auto_approve: bool, minutes: float | None, fast: bool, policy: str, rate: float, after: int) -> None:
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write what the run measured (stages with their times, the gap, the evaluation, before vs after) here as JSON.")  # fmt: skip
+def demo(
+    config_path: Path | None, auto_approve: bool, minutes: float | None, fast: bool, policy: str, rate: float, after: int, report: Path | None
+) -> None:
     """Run the whole improvement loop on this machine, narrated: the stack, an example agent's
     traffic, the gap, the environment, training, your approval, the canary, before and after."""
     from daemon import demo as guided
 
     try:
-        status = guided.run(config_path, fast, auto_approve, minutes, policy, rate, lambda line: click.echo(line, err=True), after)
+        status = guided.run(config_path, fast, auto_approve, minutes, policy, rate, lambda line: click.echo(line, err=True), after, report)
     except ConfigError as error:
         raise click.ClickException(str(error)) from None
     sys.exit(status)

@@ -71,24 +71,36 @@ def layered_settings(config_path: Path | None, fast: bool, environ: dict[str, st
 @dataclass(slots=True)
 class Tally:
     """The model-driven conversations the example agent finished (the ones an adapter can change),
-    split at the moment an adapter went live."""
+    split at the moment an adapter went live: conversation id -> success."""
 
-    before: list[bool] = field(default_factory=list)
-    after: list[bool] = field(default_factory=list)
+    before: dict[str, bool] = field(default_factory=dict)
+    after: dict[str, bool] = field(default_factory=dict)
     live_since: float | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, success: bool) -> None:
+    def add(self, conversation_id: str, success: bool) -> None:
         with self.lock:
-            (self.after if self.live_since is not None else self.before).append(success)
+            (self.after if self.live_since is not None else self.before)[conversation_id] = success
 
     @staticmethod
-    def failure_rate(outcomes: list[bool]) -> str:
-        if not outcomes:
-            return "–"
-        failures = sum(not success for success in outcomes)
-        low, high = wilson(failures, len(outcomes))
-        return f"{failures / len(outcomes):.2f} [{low:.2f}, {high:.2f}] on {len(outcomes)}"
+    def failure_rate(outcomes: dict[str, bool]) -> str:
+        return rate_text(sum(not success for success in outcomes.values()), len(outcomes))
+
+
+def rate_text(count: int, total: int) -> str:
+    """`count` of `total` as a rate with its 95 % interval ("–" for none)."""
+    if not total:
+        return "–"
+    low, high = wilson(count, total)
+    return f"{count / total:.2f} [{low:.2f}, {high:.2f}] on {total}"
+
+
+def rate_record(count: int, total: int) -> dict[str, Any]:
+    low, high = wilson(count, total) if total else (0.0, 1.0)
+    return {"count": count, "total": total, "rate": round(count / total, 4) if total else None, "interval": [round(low, 4), round(high, 4)]}
+
+
+PANEL_BATCHES = 8  # the model-driven agent's goals: 8 seeded batches of 4 conversations, over and over
 
 
 class Traffic(threading.Thread):
@@ -121,9 +133,13 @@ class Traffic(threading.Thread):
                 if self.stopping.is_set():
                     return
                 counted = config["policy"] == "llm" or len(self.plan) == 1
+                # The model-driven agent cycles through one panel of seeded goals, so "before" and
+                # "after" the adapter are measured on the same customers and requests.
+                seed = self.batches % PANEL_BATCHES if config["policy"] == "llm" else self.batches
                 try:
                     run_conversations(
-                        seed=self.batches, on_outcome=(lambda outcome: self.tally.add(outcome.success)) if counted else None, **config
+                        seed=seed, on_outcome=(lambda outcome: self.tally.add(outcome.conversation_id, outcome.success)) if counted else None,
+                        **config,
                     )  # fmt: skip
                     self.error = None
                 except RouterUnavailable as error:  # the router restarts: wait, then go on
@@ -143,11 +159,16 @@ class Narrator:
         self.say = say
         self.seen: set[str] = set()
         self.rows: dict[str, str] = {}
-        self.done = False
+        self.started = time.monotonic()
+        self.timeline: list[dict[str, Any]] = []  # every narrated event, with when it was seen
+        self.selected: dict[str, dict[str, Any]] = {}  # capability -> its statistics when selected
+        self.candidates: dict[str, dict[str, Any]] = {}  # adapter name -> its evaluation
+        self.live: str | None = None  # the capability whose adapter went live
 
     def event(self, key: str, line: str) -> None:
         if key not in self.seen:
             self.seen.add(key)
+            self.timeline.append({"seconds": round(time.monotonic() - self.started, 1), "event": key, "line": line})
             self.say(line)
 
     def poll(self) -> None:
@@ -180,6 +201,7 @@ class Narrator:
         selected = [item for item in capabilities if item["selected"]]
         for item in selected:
             stats = next(iter(item["windows"].values()), {}) if item["windows"] else {}
+            self.selected.setdefault(item["name"], stats)
             self.event(
                 f"selected:{item['name']}",
                 f"capability selected: {item['name']} — Δ {stats.get('delta', 0):.2f}, coverage {stats.get('coverage', 0):.2f} "
@@ -219,6 +241,7 @@ class Narrator:
             state = adapter["state"]
             if state == "candidate":
                 target = adapter["evaluation"]["target"]
+                self.candidates.setdefault(name, adapter["evaluation"])
                 self.event(
                     f"candidate:{adapter['adapter_id']}",
                     f"candidate ready: {name}, held-out success {target['adapter']['success_rate']:.2f} vs base "
@@ -236,6 +259,7 @@ class Narrator:
                 )
             if state == "live" and self.tally.live_since is None:
                 self.tally.live_since = time.time()
+                self.live = adapter["capability"]
                 self.say(f"{name} is live: the agent's conversations from now on count as 'after'")
 
     def _decisions(self, audit: list[dict[str, Any]], names: dict[int, str]) -> None:
@@ -247,13 +271,52 @@ class Narrator:
                 f"{name}: {entry['from_state']} → {entry['to_state']} by {entry['actor']}: {entry['reason']}",
             )
 
+    def lacking(self, capability: str, conversations: dict[str, bool], wait_s: float = 120.0) -> tuple[int, int]:
+        """How many of `conversations` the daemon labels LACKING `capability`, of those it labelled
+        (waiting up to `wait_s` for the analysis to reach the last ones)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            labels: dict[str, str] = {}
+            page, offset = 500, 0
+            while True:
+                found = self.client.get("/api/trajectories", capability=capability, limit=page, offset=offset)
+                labels.update({item["conversation_id"]: item["label"] for item in found["items"] if item["conversation_id"] in conversations})
+                offset += page
+                if offset >= found["total"]:
+                    break
+            labelled = [labels[conversation] for conversation in conversations if conversation in labels]
+            if len(labelled) >= len(conversations) or time.monotonic() > deadline:
+                return sum(label == "LACKING" for label in labelled), sum(label != "NA" for label in labelled)
+            time.sleep(5)
+
+    def measured(self) -> dict[str, Any]:
+        """Before vs after the adapter on the panel's conversations: task failure and, for the
+        capability that went live (else the first selected), the lacking rate."""
+        before, after = dict(self.tally.before), dict(self.tally.after)
+        result: dict[str, Any] = {
+            "failure": {
+                "before": rate_record(sum(not ok for ok in before.values()), len(before)),
+                "after": rate_record(sum(not ok for ok in after.values()), len(after)),
+            }
+        }
+        capability = self.live or next(iter(self.selected), None)
+        if capability is not None:
+            try:
+                result["capability"] = capability
+                result["lacking"] = {"before": rate_record(*self.lacking(capability, before)), "after": rate_record(*self.lacking(capability, after))}
+            except (DaemonUnavailable, ApiError) as error:
+                result["lacking_error"] = str(error)
+        return result
+
 
 def run(
     config_path: Path | None, fast: bool, auto_approve: bool, minutes: float | None, policy: str, rate: float,
-    say: Callable[[str], None], after: int = 0,
+    say: Callable[[str], None], after: int = 0, report: Path | None = None,
 ) -> int:  # fmt: skip
     """`tracefix demo`: returns the exit status. With `after`, it ends once that many model-driven
-    conversations have finished after an adapter went live."""
+    conversations have finished after an adapter went live; with `report`, what the run measured
+    (events with their times, the gap, the candidate's evaluation, before vs after) is written
+    there as JSON."""
     import signal
 
     from rich.console import Console
@@ -318,6 +381,19 @@ def run(
     say("stopping …")
     traffic.join(120)  # its conversations in flight finish and their spans go out before the collector stops
     say(f"model-driven failure rate before the adapter: {tally.failure_rate(tally.before)}; after: {tally.failure_rate(tally.after)}")
+    if not stack.stopping.is_set():  # the daemon is still up: read its labels of the same conversations
+        measured = narrator.measured()
+        if "lacking" in measured:
+            lacking = {side: rate_text(value["count"], value["total"]) for side, value in measured["lacking"].items()}
+            say(f"{measured['capability']} lacking before the adapter: {lacking['before']}; after: {lacking['after']}")
+        if report is not None:
+            document = {
+                "settings": {"fast": fast, "policy": policy, "rate": rate, "training": settings.training.model_dump(mode="json")},
+                "seconds": round(time.monotonic() - narrator.started, 1), "timeline": narrator.timeline,
+                "selected": narrator.selected, "candidates": narrator.candidates, "live": narrator.live, **measured,
+            }  # fmt: skip
+            Path(report).write_text(json.dumps(document, indent=2))
+            say(f"report written to {report}")
     stack.stop()
     client.close()
     return 0

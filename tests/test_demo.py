@@ -3,6 +3,7 @@ runs unattended on the embedded model: `make test-slow` or `pytest -m slow tests
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -74,7 +75,7 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
         "[promotion]\ninterval_s = 1.0\ncanary_min_trajectories = 3\nwatch_min_trajectories = 1000\n"
     )
     command = [sys.executable, "-m", "daemon.cli", "demo", "--config", str(config), "--fast", "--auto-approve",
-               "--minutes", "12", "--after", "3", "--rate", "4"]  # fmt: skip
+               "--minutes", "12", "--after", "3", "--rate", "4", "--report", str(tmp_path / "report.json")]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, env=os.environ)
     output = done.stderr
     assert done.returncode == 0, output[-3000:]
@@ -89,5 +90,21 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
     assert all(position >= 0 for position in positions) and positions == sorted(positions), (positions, output[-4000:])
     before, _, after = output.rpartition("model-driven failure rate before the adapter: ")[2].partition("; after: ")
     assert before.split(" on ")[1].strip().isdigit() and int(after.split(" on ")[1].split()[0]) >= 3, output[-1000:]
+    assert "tool_call_precision lacking before the adapter: " in output, output[-1000:]
+
+    # The report holds the same run's numbers: the stages in order with their times, the gap as it
+    # was selected, the candidate's evaluation, and before vs after on the panel's conversations.
+    report = json.loads((tmp_path / "report.json").read_text())
+    seconds = [event["seconds"] for event in report["timeline"]]
+    assert seconds == sorted(seconds) and 0 < seconds[-1] <= report["seconds"]
+    assert [event["event"] for event in report["timeline"]][0].startswith("selected:tool_call_precision")
+    assert report["live"] == "tool_call_precision" and report["capability"] == "tool_call_precision"
+    assert report["selected"]["tool_call_precision"]["delta"] > 0
+    assert "target" in report["candidates"]["tool_call_precision@v1"]
+    failure = report["failure"]
+    assert failure["after"]["total"] >= 3 and failure["before"]["total"] == int(before.split(" on ")[1])
+    assert failure["before"]["count"] == failure["before"]["total"]  # a random tiny model never meets a goal
+    lacking = report["lacking"]["before"]
+    assert 0 < lacking["total"] <= failure["before"]["total"] and lacking["interval"][0] <= lacking["rate"] <= lacking["interval"][1]
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{ports['router']}/healthz", timeout=2)
