@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -85,9 +86,11 @@ class Decision:
 
 
 class Promotion:
-    def __init__(self, store: Store, settings: Settings | None = None) -> None:
+    def __init__(self, store: Store, settings: Settings | None = None, describe: Callable[[str], str] | None = None) -> None:
         self.store = store
         self.settings = settings or Settings()
+        # What the router's classifier reads about a capability: its description (default: its name).
+        self.describe = describe or (lambda capability: capability)
         self.registry = Registry(store)
         # Decisions take turns: a rollback by hand must not land between the promote job reading
         # what the router serves and loading what the registry wants (it would load it again).
@@ -206,7 +209,7 @@ class Promotion:
             name = served_name(adapter)
             fraction = settings.canary_fraction if settings.canary else None
             if not self._router_call(adapter, f"router did not load {name}", router.load, name, adapter["capability"],
-                                     adapter["version"], adapter["path"], adapter["capability"], fraction):  # fmt: skip
+                                     adapter["version"], adapter["path"], self.describe(adapter["capability"]), fraction):  # fmt: skip
                 continue
             if fraction is None:
                 decisions += self._go_live(adapter, self._pre_promotion_rate(adapter), f"loaded into the router as {name}")
@@ -326,7 +329,7 @@ class Promotion:
                 [adapter["capability"], adapter["version"]],
             )
             if previous:
-                router.load(served_name(previous[0]), previous[0]["capability"], previous[0]["version"], previous[0]["path"], previous[0]["capability"])
+                router.load(served_name(previous[0]), previous[0]["capability"], previous[0]["version"], previous[0]["path"], self.describe(previous[0]["capability"]))
             router.unload(served_name(adapter))
             decisions = [self.move(adapter_id, "rolled_back", actor, reason, "rollback")]
             if previous:
@@ -350,7 +353,7 @@ class Promotion:
                 continue
             if name in serving:  # loaded in the wrong role: a canary the router took for the version
                 router.unload(name)
-            router.load(name, adapter["capability"], adapter["version"], adapter["path"], adapter["capability"], fraction)
+            router.load(name, adapter["capability"], adapter["version"], adapter["path"], self.describe(adapter["capability"]), fraction)
             loaded.append(name)
         for name in set(serving) - set(wanted):
             router.unload(name)

@@ -76,7 +76,9 @@ class Daemon:
         self.validator = Validator(self.analysis_store, settings)
         self.adapter_registry = Registry(self.store)
         self.training = TrainingRunner(self.analysis_store, self.adapter_registry, settings)
-        self.promotion = Promotion(self.store, settings)
+        self.promotion = Promotion(
+            self.store, settings, describe=lambda name: self.registry[name].description if name in self.registry else name
+        )
         self.router_admin = RouterAdmin(settings)
         self.gates = GateRunner(self.promotion, self.adapter_registry, settings, self.router_admin)
         self.last_analysis: dict[str, Any] | None = None

@@ -110,6 +110,9 @@ def test_approval_goes_live_a_newer_version_replaces_it_and_rollback_restores_it
     assert _post(daemon, "/api/adapters/1/approve", {"reason": "fixes refunds"}).status_code == 200
     wait_for(lambda: _state(daemon, 1) == "live")
     assert router.models() == {"base", f"{CAPABILITY}@v1"}
+    # The router's classifier reads what the capability is, not just its name.
+    (served,) = daemon.get("/api/routing")["router"]["adapters"]
+    assert served["description"] == daemon.get(f"/api/capabilities/{CAPABILITY}")["description"] != CAPABILITY
     assert _post(daemon, "/api/adapters/1/approve").status_code == 409  # live: not a candidate any more
 
     # The CLI takes the same path (with the daemon's token).

@@ -1,0 +1,139 @@
+"""The whole improvement loop, measured: runs `tracefix demo --auto-approve` unattended in a fresh
+data directory (its own ports, the shared model cache) and renders what the run measured as the
+markdown section of docs/performance.md.
+
+    python bench/demo_loop.py --minutes 40 --after 32                  # a run, printed
+    python bench/demo_loop.py --minutes 40 --after 32 --write          # … and written into docs/performance.md
+    python bench/demo_loop.py --from-report .tracefix/bench-demo/report.json --write
+
+What it shows: the capability with the biggest gap for the base model and its statistics, the
+held-out success of base vs adapter on that capability's environment, when each stage happened, and
+the example agent's task failure and the capability's lacking rate before vs after promotion, with
+95 % intervals, over the same panel of seeded user goals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+BEGIN, END = "<!-- demo_loop:begin -->", "<!-- demo_loop:end -->"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_demo(arguments: argparse.Namespace) -> Path:
+    """One unattended `tracefix demo`; returns the path of its report."""
+    output = Path(arguments.output).resolve()
+    shutil.rmtree(output, ignore_errors=True)
+    output.mkdir(parents=True)
+    cache = Path(arguments.cache).resolve()
+    config = output / "demo.toml"
+    config.write_text(
+        f'[store]\npath = "{output / "data" / "tracefix.duckdb"}"\n'
+        f"[collector]\nhttp_port = {free_port()}\ngrpc_port = {free_port()}\n[api]\nport = {free_port()}\n"
+        f"[router]\nport = {free_port()}\n[dashboard]\nport = {free_port()}\n"
+        f'[model]\ncache_dir = "{cache}"\n'
+    )
+    report = output / "report.json"
+    command = [sys.executable, "-m", "daemon.cli", "demo", "--config", str(config), "--auto-approve", "--minutes", str(arguments.minutes),
+               "--after", str(arguments.after), "--report", str(report), *(["--fast"] if arguments.fast else [])]  # fmt: skip
+    print("$ " + " ".join(command), file=sys.stderr, flush=True)
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=REPO, check=False)
+    print(f"demo finished in {time.monotonic() - started:.0f} s with exit status {done.returncode}", file=sys.stderr)
+    if done.returncode != 0 or not report.exists():
+        raise SystemExit(f"the demo did not write its report (exit status {done.returncode})")
+    return report
+
+
+def _rate(record: dict[str, Any] | None) -> str:
+    if not record or not record.get("total"):
+        return "–"
+    low, high = record["interval"]
+    return f"{record['rate']:.2f} [{low:.2f}, {high:.2f}] ({record['count']}/{record['total']})"
+
+
+def _score(score: dict[str, Any]) -> str:
+    low, high = score["success_interval"]
+    return f"{score['success_rate']:.2f} [{low:.2f}, {high:.2f}] on {score['seeds']} seeds, mean reward {score['mean_reward']:.2f}"
+
+
+def render(report: dict[str, Any], command: str) -> str:
+    """The markdown section for docs/performance.md."""
+    lines = [BEGIN, "### Measured by `bench/demo_loop.py`", "", "```", command, "```", ""]
+    training = report["settings"]["training"]
+    lines += [
+        f"Run of {report['seconds'] / 60:.1f} min (`--fast`: {report['settings']['fast']}, traffic {report['settings']['policy']} at "
+        f"{report['settings']['rate']} conversations/s); training: warm start {training['warm_start_examples']} demonstrations × "
+        f"{training['warm_start_epochs']} epochs at learning rate {training['warm_start_learning_rate']:g}, {training['steps']} GRPO steps, "
+        f"{training['eval_seeds']} held-out seeds.",
+        "",
+        "| what | measured |",
+        "|---|---|",
+    ]
+    for name, stats in report["selected"].items():
+        lines.append(
+            f"| gap selected: `{name}` | Δ {stats.get('delta', 0):.2f}, coverage {stats.get('coverage', 0):.2f}: LACKING in "
+            f"{stats.get('er_minus', 0):.0%} of failed runs that need it vs {stats.get('er_plus', 0):.0%} of successful ones |"
+        )
+    for name, evaluation in report["candidates"].items():
+        target = evaluation["target"]
+        lines.append(f"| held-out, `{name}` | base {_score(target['base'])} → adapter {_score(target['adapter'])} |")
+    failure, lacking = report.get("failure", {}), report.get("lacking", {})
+    lines.append(f"| model-driven task failure, before → after | {_rate(failure.get('before'))} → {_rate(failure.get('after'))} |")
+    if lacking:
+        capability = report["capability"]
+        lines.append(f"| `{capability}` lacking on live traffic, before → after | {_rate(lacking.get('before'))} → {_rate(lacking.get('after'))} |")
+    lines += ["", "| at | stage |", "|---|---|"]
+    for event in report["timeline"]:
+        line = event["line"].replace("|", "\\|")
+        lines.append(f"| {event['seconds'] / 60:.1f} min | {line} |")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def write(section: str, document: Path) -> None:
+    text = document.read_text()
+    if BEGIN in text and END in text:
+        head, _, rest = text.partition(BEGIN)
+        text = head + section + rest.partition(END)[2]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    document.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=40, help="the demo's time limit")
+    parser.add_argument("--after", type=int, default=32, help="model-driven conversations to measure after the adapter goes live")
+    parser.add_argument("--fast", action="store_true", help="the demo's smaller settings")
+    parser.add_argument("--output", default=".tracefix/bench-demo", help="the run's data directory (emptied first)")
+    parser.add_argument("--cache", default=".tracefix/models", help="the converted model cache to share")
+    parser.add_argument("--from-report", type=Path, help="render an existing report instead of running the demo")
+    parser.add_argument("--write", action="store_true", help="replace the measured section of docs/performance.md")
+    arguments = parser.parse_args()
+    report_path = arguments.from_report or run_demo(arguments)
+    command = "python bench/demo_loop.py " + " ".join(
+        [f"--minutes {arguments.minutes:g}", f"--after {arguments.after}", *(["--fast"] if arguments.fast else [])]
+    )
+    section = render(json.loads(report_path.read_text()), command)
+    print(section)
+    if arguments.write:
+        write(section, REPO / "docs" / "performance.md")
+
+
+if __name__ == "__main__":
+    main()
