@@ -35,18 +35,18 @@ DEMO: dict[str, dict[str, Any]] = {
     "analysis": {"interval_s": 10.0},
     "validation": {"seeds": 8, "group_size": 4, "timeout_s": 1800},
     "training": {
-        "steps": 4, "group_size": 4, "groups_per_step": 2, "warm_start_examples": 24, "warm_start_epochs": 2,
+        "steps": 2, "group_size": 4, "groups_per_step": 2, "warm_start_examples": 24, "warm_start_epochs": 2,
         "eval_seeds": 16, "eval_interference": False, "save_steps": 2,
     },  # fmt: skip
     "model": {"max_new_tokens": 96, "threads": 1},  # one thread each: router and trainer share the cores
-    "promotion": {"interval_s": 5.0, "canary_fraction": 0.5, "canary_min_trajectories": 30, "watch_min_trajectories": 30},
+    "promotion": {"interval_s": 5.0, "canary_fraction": 0.5, "canary_min_trajectories": 10, "watch_min_trajectories": 30},
 }
 FAST: dict[str, dict[str, Any]] = {
     "analysis": {"interval_s": 5.0, "min_failures": 10},
     "validation": {"enabled": False},
-    "training": {"steps": 0, "warm_start_examples": 12, "warm_start_epochs": 1, "eval_seeds": 8, "eval_margin": 0.1},
+    "training": {"steps": 0, "warm_start_examples": 16, "eval_seeds": 8, "eval_margin": 0.1},
     "model": {"max_new_tokens": 64},
-    "promotion": {"canary_min_trajectories": 16, "watch_min_trajectories": 16},
+    "promotion": {"canary_min_trajectories": 8, "watch_min_trajectories": 16},
 }
 
 
@@ -100,7 +100,7 @@ def rate_record(count: int, total: int) -> dict[str, Any]:
     return {"count": count, "total": total, "rate": round(count / total, 4) if total else None, "interval": [round(low, 4), round(high, 4)]}
 
 
-PANEL_BATCHES = 8  # the model-driven agent's goals: 8 seeded batches of 4 conversations, over and over
+PANEL_BATCHES = 6  # the model-driven agent's goals: 6 seeded batches of 4 conversations, over and over
 
 
 class Traffic(threading.Thread):

@@ -61,7 +61,7 @@ class TrainConfig:
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     warm_start_examples: int = 0  # ground-truth demonstrations for the warm start; 0 = none
     warm_start_epochs: int = 2
-    warm_start_learning_rate: float = 2e-4
+    warm_start_learning_rate: float = 1e-3
     save_steps: int = 5
     seed: int = 0
     train_seed_offset: int = 100_000  # training seeds start here; evaluation uses seeds below it
