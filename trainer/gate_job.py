@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer.jobs import RequestError, exit_with_parent, limit_memory, read_request, write_atomically
-from trainer.model import ModelUnavailable
+from trainer.jobs import RequestError, exit_with_parent, limit_memory, read_request, run_job, write_atomically
 
 REQUIRED = ("model", "adapters", "examples_per_adapter", "steps")
 
@@ -76,7 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--request", type=Path, required=True)
     parser.add_argument("--output", type=Path, required=True)
     arguments = parser.parse_args(argv)
-    try:
+
+    def body() -> None:
         request = read_request(arguments.request, REQUIRED)
         if not request["adapters"]:
             raise RequestError("a gate needs at least one live adapter")
@@ -84,18 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         exit_with_parent()
         report = train(request, arguments.output)
         write_atomically(arguments.output.with_suffix(".json"), report)
-    except MemoryError:
-        print("gate training failed: out of memory under the memory_mb limit", file=sys.stderr)
-        return 1
-    except (RequestError, ModelUnavailable, ValueError, OSError) as error:
-        print(f"gate training failed: {error}", file=sys.stderr)
-        return 1
-    except Exception as error:  # unexpected: keep the traceback for diagnosis, the reason last
-        traceback.print_exc()
-        print(f"gate training failed: {type(error).__name__}: {error}", file=sys.stderr)
-        return 1
-    return 0
 
+    return run_job("gate training", body, "[gate] memory_mb")
 
 if __name__ == "__main__":
     sys.exit(main())

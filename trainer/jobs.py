@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import resource
+import sys
 import threading
 import time
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +59,23 @@ def write_atomically(path: Path, data: dict[str, Any]) -> None:
     staging = path.with_name(path.name + ".tmp")
     staging.write_text(json.dumps(data, indent=2))
     os.replace(staging, path)
+
+
+def run_job(what: str, body: Callable[[], None], memory_setting: str = "memory_mb") -> int:
+    """Run a job's body and turn its failure into an exit status with the reason as the last line
+    of stderr (which the daemon records): 0 done, 1 failed."""
+    from trainer.model import ModelUnavailable
+
+    try:
+        body()
+    except MemoryError:
+        print(f"{what} failed: out of memory under the {memory_setting} limit", file=sys.stderr)
+        return 1
+    except (RequestError, ModelUnavailable, ValueError, OSError) as error:
+        print(f"{what} failed: {error}", file=sys.stderr)
+        return 1
+    except Exception as error:  # unexpected: keep the traceback for diagnosis, the reason last
+        traceback.print_exc()
+        print(f"{what} failed: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    return 0

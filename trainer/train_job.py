@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,10 +25,9 @@ from trainer.environment import Environment, load_tools
 from trainer.evaluation import compare
 from trainer.families import load_families
 from trainer.grpo import TrainConfig, train
-from trainer.model import ModelUnavailable
 from trainer.replay import replay
 from trainer.rollouts import Sampling
-from trainer.jobs import RequestError, exit_with_parent, limit_memory, read_request, write_atomically
+from trainer.jobs import RequestError, exit_with_parent, limit_memory, read_request, run_job, write_atomically
 
 REQUIRED = ("run_id", "capability", "version", "family", "difficulty", "tools", "model", "training", "evaluation")
 
@@ -94,7 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--request", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path, required=True)
     arguments = parser.parse_args(argv)
-    try:
+
+    def body() -> None:
         request = read_request(arguments.request, REQUIRED)
         limit_memory(request.get("memory_mb"))
         exit_with_parent()
@@ -107,18 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             result = run_training(request, arguments.run_dir, progress)
         write_atomically(arguments.run_dir / "result.json", result)
-    except MemoryError:
-        print("training failed: out of memory under the [training] memory_mb limit", file=sys.stderr)
-        return 1
-    except (RequestError, ModelUnavailable, ValueError, OSError) as error:
-        print(f"training failed: {error}", file=sys.stderr)
-        return 1
-    except Exception as error:  # unexpected: keep the traceback for diagnosis, the reason last
-        traceback.print_exc()
-        print(f"training failed: {type(error).__name__}: {error}", file=sys.stderr)
-        return 1
-    return 0
 
+    return run_job("training", body, "[training] memory_mb")
 
 if __name__ == "__main__":
     sys.exit(main())
