@@ -33,13 +33,20 @@ def _print_json(data: Any) -> None:
     click.echo(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
 
 
+def _log_to_stderr() -> None:
+    """INFO lines of the service itself; the clients it uses log only their warnings (one line per
+    HTTP request to the router would bury what matters)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("apscheduler", "httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
 def _serve(config_path: Path | None) -> None:
     from daemon.service import Daemon
     from daemon.store import StoreError
 
     settings = _settings(config_path)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    _log_to_stderr()
     try:
         Daemon(settings).run()
     except (StoreError, OSError) as error:
@@ -67,7 +74,7 @@ def router_(config_path: Path | None) -> None:
     from trainer.model import ModelUnavailable
 
     settings = _settings(config_path)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _log_to_stderr()
     try:
         serve(settings)
     except (ConfigError, RoutingError, ModelUnavailable, OSError) as error:
