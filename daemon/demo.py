@@ -368,14 +368,14 @@ def run(
     watcher = threading.Thread(target=stack.watch, name="demo-supervisor", daemon=True)
     watcher.start()
     with Live(table(), console=console, refresh_per_second=2, transient=False) as live:
-        narrator.say = lambda line: live.console.print(line)
+        narrator.say = lambda line: live.console.print(line, soft_wrap=True)  # whole lines, also in a log file
         while not stack.stopping.wait(2):
             narrator.poll()
             live.update(table())
             if deadline is not None and time.monotonic() > deadline:
                 break
             if after and len(tally.after) >= after:
-                live.console.print(f"{len(tally.after)} model-driven conversations since the adapter went live: done")
+                live.console.print(f"{len(tally.after)} model-driven conversations since the adapter went live: done", soft_wrap=True)
                 break
     traffic.stopping.set()
     say("stopping …")
