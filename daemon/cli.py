@@ -155,7 +155,7 @@ def logs(name: str, config_path: Path | None, lines: int, follow: bool) -> None:
 @config_option
 @click.option("--auto-approve", is_flag=True, help="Approve each candidate as soon as it is ready (unattended runs).")
 @click.option("--minutes", type=float, default=None, help="Stop after this many minutes (default: run until Ctrl-C).")
-@click.option("--fast", is_flag=True, help="Smaller settings for a quick look: no validation gate, a warm-start-only adapter.")
+@click.option("--fast", is_flag=True, help="Smaller settings for a quick look: no validation gate, fewer demonstrations and held-out seeds.")
 @click.option("--policy", type=click.Choice(["mixed", "llm", "scripted"]), default="mixed", show_default=True,
               help="The example deployment: the model-driven agent behind the router next to scripted flows (mixed), "
                    "the model-driven agent alone (llm), or scripted flows with planted flaws (scripted, no model).")  # fmt: skip

@@ -28,10 +28,11 @@ def test_demo_settings_never_override_the_users_file_or_environment(tmp_path: Pa
     assert variables["TRACEFIX_TRAINING_WARM_START_EXAMPLES"] == "24"
 
 
-def test_fast_settings_skip_the_gate_and_train_the_warm_start_only(tmp_path: Path) -> None:
+def test_fast_settings_skip_the_gate_and_train_on_fewer_demonstrations(tmp_path: Path) -> None:
     settings, variables = layered_settings(None, fast=True, environ={})
     assert settings.training.steps == 0 and not settings.validation.enabled
-    assert variables["TRACEFIX_VALIDATION_ENABLED"] == "false"
+    assert settings.training.warm_start_examples < layered_settings(None, fast=False, environ={})[0].training.warm_start_examples
+    assert variables["TRACEFIX_VALIDATION_ENABLED"] == "false" and variables["TRACEFIX_VALIDATION_HINT_SHARES"] == "[]"
     assert settings.promotion.canary_min_trajectories < 30
 
 
