@@ -38,7 +38,7 @@ from router import protocol  # noqa: E402
 from router.backend import EmbeddedBackend, held_back  # noqa: E402
 from router.routing import LABELS, classifier_messages  # noqa: E402
 from router.server import create_app  # noqa: E402
-from tests.conftest import REPO, free_port  # noqa: E402
+from tests.conftest import REPO, free_port, wait_for  # noqa: E402
 from tests.lora_support import TARGETS, make_adapter  # noqa: E402
 from trainer import model as models  # noqa: E402
 from trainer.environment import Tool, render_system_prompt  # noqa: E402
@@ -491,7 +491,12 @@ def test_a_swap_under_concurrent_streams_fails_no_request_and_retires_the_old_ve
     for thread in threads:
         thread.start()
     assert first_chunk.wait(30)
-    time.sleep(0.05)  # let every request arrive and take its lease
+
+    def leases() -> int:
+        adapters = router.admin("GET", "/admin/routing").json()["adapters"]
+        return next(adapter["in_flight"] for adapter in adapters if adapter["name"] == "swapped@v1")
+
+    wait_for(lambda: leases() + len(results) == 24, timeout_s=30)  # every request arrived: holds v1 or finished on it
     swap = router.load("swapped", 2, seed=51)
     assert swap.status_code == 200 and swap.json()["replaced"] == "swapped@v1"
     during = {adapter["name"]: adapter for adapter in router.admin("GET", "/admin/routing").json()["adapters"]}
