@@ -87,8 +87,13 @@ class Tally:
             (self.after if self.live_since is not None else self.before)[conversation_id] = success
 
     @staticmethod
+    def failures(outcomes: dict[str, bool]) -> tuple[int, int]:
+        """(failed, finished) of `outcomes`."""
+        return sum(not success for success in outcomes.values()), len(outcomes)
+
+    @staticmethod
     def failure_rate(outcomes: dict[str, bool]) -> str:
-        return rate_text(sum(not success for success in outcomes.values()), len(outcomes))
+        return rate_text(*Tally.failures(outcomes))
 
 
 def rate_text(count: int, total: int) -> str:
@@ -298,10 +303,7 @@ class Narrator:
         capability that went live (else the first selected), the lacking rate."""
         before, after = dict(self.tally.before), dict(self.tally.after)
         result: dict[str, Any] = {
-            "failure": {
-                "before": rate_record(sum(not ok for ok in before.values()), len(before)),
-                "after": rate_record(sum(not ok for ok in after.values()), len(after)),
-            }
+            "failure": {"before": rate_record(*Tally.failures(before)), "after": rate_record(*Tally.failures(after))}
         }
         capability = self.live or next(iter(self.selected), None)
         if capability is not None:
