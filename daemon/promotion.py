@@ -176,8 +176,13 @@ class Promotion:
             return self.move(adapter_id, "approved", actor, reason or "approved", "approve")
 
     def reject(self, adapter_id: int, actor: str, reason: str) -> Decision:
+        """A person turns the candidate down: the capability cools down, then may trigger again."""
         with self.turn:
-            return self.move(adapter_id, "rejected", actor, reason, "reject")
+            decision = self.move(adapter_id, "rejected", actor, reason, "reject")
+            adapter = self.adapter(adapter_id)
+            cool = f"{served_name(adapter)} rejected by {actor}: {reason}"
+            start_cooldown(AnalysisStore(self.store), adapter["capability"], cool, self.settings.trigger.cooldown_hours)
+            return decision
 
     def record_error(self, adapter_id: int, error: str) -> None:
         with self.store.transaction() as tx:

@@ -10,7 +10,8 @@ import pytest
 
 from daemon.promotion import IllegalTransition, NotFound, Promotion
 from daemon.settings import StoreSettings
-from daemon.store import Store
+from daemon.store import AnalysisStore, Store
+from daemon.trigger import COOLDOWN
 from tests.lora_support import register_candidate
 
 
@@ -32,6 +33,13 @@ def test_approval_and_rejection_are_audited_with_who_and_why(promotion: Promotio
         ("bob", "reject", 2, "candidate", "rejected", "regresses refunds"),
         ("alice", "approve", 1, "candidate", "approved", "looks good"),
     ]
+
+
+def test_a_rejection_cools_the_capability_down_so_it_can_trigger_again_later(promotion: Promotion) -> None:
+    promotion.reject(1, "bob", "answers refunds wrongly")
+    state = AnalysisStore(promotion.store).states()["error_recovery"]
+    assert state["state"] == COOLDOWN and state["cooldown_until"] is not None
+    assert "error_recovery@v1 rejected by bob: answers refunds wrongly" in state["reason"]
 
 
 def test_illegal_transitions_are_refused_and_change_nothing(promotion: Promotion) -> None:
