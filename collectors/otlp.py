@@ -47,6 +47,9 @@ class Limits:
     max_attribute_value_bytes: int = 65536
     max_attributes_per_span: int = 256
     max_events_per_span: int = 256
+    max_links_per_span: int = 128
+    # Span, event and scope names and attribute keys: identifiers, never documents.
+    max_name_bytes: int = 1024
 
 
 @dataclass(slots=True)
@@ -85,18 +88,21 @@ class _AttributeDecoder:
         if len(key_values) > limit:
             self.truncated = True
             key_values = key_values[:limit]
-        return {kv.key: self.value(kv.value, 0) for kv in key_values}
+        cap = self.limits.max_name_bytes
+        return {(kv.key if len(kv.key) * 4 <= cap else self.text(kv.key, cap)): self.value(kv.value, 0) for kv in key_values}
+
+    def text(self, text: str, limit: int) -> str:
+        """`text` cut to at most `limit` UTF-8 bytes (flagging the span when it was longer)."""
+        if len(text) * 4 <= limit or len(text.encode()) <= limit:
+            return text
+        self.truncated = True
+        return text.encode()[:limit].decode("utf-8", "ignore")
 
     def value(self, any_value: Any, depth: int) -> Any:
         kind = any_value.WhichOneof("value")
         if kind == "string_value":
-            text = any_value.string_value
-            limit = self.limits.max_attribute_value_bytes
             # Characters are 1-4 bytes: only values in between need encoding to be measured.
-            if len(text) * 4 > limit and (len(text) > limit or len(text.encode()) > limit):
-                self.truncated = True
-                return text.encode()[:limit].decode("utf-8", "ignore")
-            return text
+            return self.text(any_value.string_value, self.limits.max_attribute_value_bytes)
         if kind == "int_value":
             return any_value.int_value
         if kind == "double_value":
@@ -207,7 +213,7 @@ def decode_spans(request: ExportTraceServiceRequest, limits: Limits) -> Decoded:
      status_messages, services, scope_names, scope_versions, conversations, resources,
      attribute_column, event_column, link_column, truncated_column) = columns.values()  # fmt: skip
     decoder = _AttributeDecoder(limits)
-    max_events = limits.max_events_per_span
+    max_events, max_links, max_name = limits.max_events_per_span, limits.max_links_per_span, limits.max_name_bytes
     for resource_spans in request.resource_spans:
         decoder.truncated = False
         service, resource_json = _resource_identity(resource_spans.resource, decoder)
@@ -231,19 +237,23 @@ def decode_spans(request: ExportTraceServiceRequest, limits: Limits) -> Decoded:
                 if len(events) > max_events:
                     decoder.truncated = True
                     events = events[:max_events]
+                links = span.links
+                if len(links) > max_links:
+                    decoder.truncated = True
+                    links = links[:max_links]
                 trace_ids.append(trace_id.hex())
                 span_ids.append(span_id.hex())
                 parent_ids.append(parent_id.hex() if parent_id and parent_id != b"\x00" * 8 else None)
                 trace_states.append(span.trace_state or None)
-                names.append(span.name)
+                names.append(decoder.text(span.name, max_name))
                 kinds.append(span.kind)
                 starts.append(span.start_time_unix_nano)
                 ends.append(span.end_time_unix_nano)
                 status_codes.append(span.status.code)
-                status_messages.append(span.status.message or None)
+                status_messages.append(decoder.text(span.status.message, limits.max_attribute_value_bytes) or None)
                 services.append(service)
-                scope_names.append(scope.name or None)
-                scope_versions.append(scope.version or None)
+                scope_names.append(decoder.text(scope.name, max_name) or None)
+                scope_versions.append(decoder.text(scope.version, max_name) or None)
                 conversations.append(conversation_id(attributes))
                 resources.append(resource_json)
                 attribute_column.append(_dumps(attributes))
@@ -251,7 +261,7 @@ def decode_spans(request: ExportTraceServiceRequest, limits: Limits) -> Decoded:
                     _dumps(
                         [
                             {
-                                "name": event.name,
+                                "name": decoder.text(event.name, max_name),
                                 "time_unix_nano": event.time_unix_nano,
                                 "attributes": decoder.attributes(event.attributes),
                             }
@@ -269,10 +279,10 @@ def decode_spans(request: ExportTraceServiceRequest, limits: Limits) -> Decoded:
                                 "span_id": link.span_id.hex(),
                                 "attributes": decoder.attributes(link.attributes),
                             }
-                            for link in span.links
+                            for link in links
                         ]
                     )
-                    if span.links
+                    if links
                     else "[]"
                 )
                 truncated_column.append(decoder.truncated)

@@ -62,8 +62,9 @@ class Daemon:
         self.writer = BatchedWriter(self.store, settings.writer)
         collector = settings.collector
         limits = Limits(
-            collector.max_attribute_value_bytes, collector.max_attributes_per_span, collector.max_events_per_span
-        )
+            collector.max_attribute_value_bytes, collector.max_attributes_per_span, collector.max_events_per_span,
+            collector.max_links_per_span, collector.max_name_bytes,
+        )  # fmt: skip
         self.ingestor = Ingestor(self.writer, limits)
         self.assembler = Assembler(
             self.store, settings.assembler, settings.outcome, lambda: self.writer.committed_batch

@@ -52,6 +52,10 @@ class CollectorSettings(Section):
     )
     max_attributes_per_span: int = Field(256, ge=1, description="Attributes beyond this count are dropped and flagged.")
     max_events_per_span: int = Field(256, ge=0, description="Span events beyond this count are dropped and flagged.")
+    max_links_per_span: int = Field(128, ge=0, description="Span links beyond this count are dropped and flagged.")
+    max_name_bytes: int = Field(
+        1024, ge=64, description="Longer span, event and scope names and attribute keys are truncated and the span flagged."
+    )
     grpc_workers: int = Field(8, ge=1, description="Threads serving gRPC requests.")
 
 
@@ -362,7 +366,7 @@ def _environment_overrides(environ: dict[str, str]) -> dict[str, Any]:
             if raw is None:
                 continue
             value: Any = raw
-            if raw[:1] in "[{" or "list" in str(key_field.annotation):
+            if (raw and raw[0] in "[{") or "list" in str(key_field.annotation):
                 try:
                     value = orjson.loads(raw)
                 except orjson.JSONDecodeError:

@@ -388,6 +388,32 @@ def test_attribute_value_or_count_over_the_limit_is_stored_truncated_and_flagged
     assert crowded_truncated is True
 
 
+def test_absurd_names_keys_status_messages_and_links_are_cut_to_their_limits(guarded: RunningDaemon) -> None:
+    # Defaults: names and keys up to 1,024 bytes, links up to 128; the status message has the value limit.
+    trace_id = new_trace_id()
+    span = json_span(
+        trace_id, new_span_id(), "n" * 5_000, attributes={"k" * 5_000: "v", "short": "fine"},
+        events=[{"name": "e" * 5_000}], status=(2, "s" * 5_000),
+    )  # fmt: skip
+    span["links"] = [{"traceId": new_trace_id(), "spanId": new_span_id()} for _ in range(300)]
+    neighbour_id = new_trace_id()
+    neighbour = json_span(neighbour_id, new_span_id(), "neighbour", attributes={"short": "fine"})
+
+    response = post(f"{guarded.http_url}/v1/traces", json_bytes(json_traces([span, neighbour])), JSON)
+    assert response.status_code == 200
+    with offline(guarded) as query:
+        name, attributes, events, status_message, links, truncated = query(
+            f"SELECT name, attributes, events, status_message, links, truncated FROM spans WHERE trace_id = '{trace_id}'"
+        )[0]
+        (neighbour_truncated,) = query(f"SELECT truncated FROM spans WHERE trace_id = '{neighbour_id}'")[0]
+    assert name == "n" * 1024
+    assert json.loads(attributes) == {"k" * 1024: "v", "short": "fine"}
+    assert json.loads(events)[0]["name"] == "e" * 1024
+    assert status_message == "s" * MAX_VALUE
+    assert len(json.loads(links)) == 128
+    assert truncated is True and neighbour_truncated is False
+
+
 def test_multibyte_attribute_value_is_truncated_to_the_byte_limit(guarded: RunningDaemon) -> None:
     # 800 characters, 1,600 bytes of UTF-8: over a limit counted in bytes.
     value = "é" * 800

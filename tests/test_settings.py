@@ -67,6 +67,13 @@ def test_bad_configuration_is_a_clear_error(tmp_path: Path, content: str, messag
         load_settings(path, environ={})
 
 
+def test_an_empty_environment_variable_clears_a_string_setting(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text('[collector]\ntoken = "from-file"\n')
+    assert load_settings(path, environ={}).collector.token == "from-file"
+    assert load_settings(path, environ={"TRACEFIX_COLLECTOR_TOKEN": ""}).collector.token == ""
+
+
 def test_bad_environment_value_names_the_setting() -> None:
     with pytest.raises(ConfigError, match=r"collector\.grpc_port"):
         load_settings(environ={"TRACEFIX_COLLECTOR_GRPC_PORT": "not-a-port"})
