@@ -30,3 +30,31 @@ def test_a_call_that_fails_its_schema_is_lacking_tool_call_precision() -> None:
     assert _judge("tool_call_precision", assistant_call("get_reservation", {"reservation_id": "R-12345"})) == "PRESENT"
     # Asked to cancel a reservation and answering in prose is no call at all: lacking too.
     assert _judge("tool_call_precision", assistant_text("Sure, one moment.")) == "LACKING"
+
+
+def test_a_replay_reports_each_cases_labels_with_the_labelers_reasons_and_the_answers(tiny_model: Path, tmp_path: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.lora_support import make_adapter
+    from trainer.replay import replay
+    from trainer.rollouts import Sampling
+
+    adapter_dir = make_adapter(tiny_model, tmp_path / "adapter", "tool_call_precision", 1, seed=3)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), adapter_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    cases = [CASE, {**CASE, "trajectory_id": "t2", "user": "How many bags can I check on R-12345?"}]
+
+    report = replay(model, tokenizer, "tool_call_precision", cases, TOOLS, Sampling(max_new_tokens=12))
+
+    assert report["cases"] == 2 and [item["trajectory_id"] for item in report["items"]] == ["t1", "t2"]
+    for case, item in zip(cases, report["items"], strict=True):
+        for who in ("base", "adapter"):
+            answer = item[f"{who}_answer"]
+            assert isinstance(answer, str) and len(answer) <= 300
+            # The reason is the labeler's own verdict on the answer shown next to it.
+            judged = load_registry(CapabilitySettings())["tool_call_precision"].labeler.label(
+                _trajectory(case, assistant_text(answer), TOOLS)
+            )
+            assert (item[who], item[f"{who}_reason"]) == (judged.label.value, judged.reason)
+    assert report["base_lacking"] == sum(item["base"] == "LACKING" for item in report["items"])

@@ -76,22 +76,37 @@ def replay(
     labeler = registry[capability].labeler
     greedy = Sampling(sampling.max_new_tokens, 0.0, max_turns=1, max_length=sampling.max_length)
 
-    def judge() -> list[str]:
+    def judge() -> list[tuple[str, str, str]]:
         instances = [_FirstTurn(tools, case.get("system") or "", case["user"]) for case in cases]
         generate_rollouts(model, tokenizer, instances, greedy)
-        return [labeler.label(_trajectory(case, instance.answer or {}, tools)).label.value for case, instance in zip(cases, instances, strict=True)]
+        verdicts = []
+        for case, instance in zip(cases, instances, strict=True):
+            answer = instance.answer or {}
+            judgement = labeler.label(_trajectory(case, answer, tools))
+            verdicts.append((judgement.label.value, judgement.reason, _excerpt(answer)))
+        return verdicts
 
     with model.disable_adapter():
         base = judge()
     adapter = judge()
-    reproducible = [index for index in range(len(cases)) if base[index] != "NA" or adapter[index] != "NA"]
+    reproducible = [index for index in range(len(cases)) if base[index][0] != "NA" or adapter[index][0] != "NA"]
     return {
         "cases": len(cases),
         "reproducible": len(reproducible),
-        "base_lacking": sum(base[index] == "LACKING" for index in reproducible),
-        "adapter_lacking": sum(adapter[index] == "LACKING" for index in reproducible),
+        "base_lacking": sum(base[index][0] == "LACKING" for index in reproducible),
+        "adapter_lacking": sum(adapter[index][0] == "LACKING" for index in reproducible),
         "items": [
-            {"trajectory_id": case["trajectory_id"], "base": base[index], "adapter": adapter[index]}
+            {
+                "trajectory_id": case["trajectory_id"],
+                "base": base[index][0], "base_reason": base[index][1], "base_answer": base[index][2],
+                "adapter": adapter[index][0], "adapter_reason": adapter[index][1], "adapter_answer": adapter[index][2],
+            }  # fmt: skip
             for index, case in enumerate(cases)
         ],
     }
+
+
+def _excerpt(answer: Message, limit: int = 300) -> str:
+    """The start of an answer, as the report shows it next to the labeler's reason."""
+    text = str(answer.get("content") or "")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
