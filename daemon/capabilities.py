@@ -191,4 +191,9 @@ def load_registry(settings: CapabilitySettings, llm: LLMSettings | None = None) 
             message = f"LLM capabilities failed to load: {error}"
             log.error(message)
             registry.errors.append(message)
+    elif llm is not None and llm.custom:
+        names = ", ".join(capability.name for capability in llm.custom)
+        message = f"capabilities declared in [[llm.custom]] are not labeled while [llm] enabled = false: {names}"
+        log.warning(message)
+        registry.errors.append(message)
     return registry

@@ -623,3 +623,14 @@ def test_llm_capabilities_builds_custom_capabilities() -> None:
             LLMSettings(enabled=True, custom=[{"name": "tool_call_precision", "description": "x"}]), {"tool_call_precision": "…"}
         )
 
+
+
+def test_custom_capabilities_with_the_llm_off_are_reported_not_dropped_silently() -> None:
+    from daemon.capabilities import load_registry
+    from daemon.settings import CapabilitySettings
+
+    custom = [{"name": "datetime_reasoning", "description": "Resolve relative dates correctly."}]
+    registry = load_registry(CapabilitySettings(), LLMSettings(custom=custom))
+    assert "datetime_reasoning" not in registry
+    assert any("datetime_reasoning" in error and "enabled = false" in error for error in registry.errors)
+    assert load_registry(CapabilitySettings(), LLMSettings()).errors == []
