@@ -181,6 +181,7 @@ class TrainingSettings(Section):
     lora_targets: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], description="Modules that get LoRA weights."
     )
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
     warm_start_examples: int = Field(
         48, ge=0, description="Ground-truth demonstrations for the warm start when the base fails the gate as too weak; 0 = never."
     )
@@ -193,6 +194,10 @@ class TrainingSettings(Section):
     timeout_s: float = Field(4 * 3600, gt=0, description="A training run longer than this is killed and marked failed.")
     memory_mb: int = Field(16384, ge=512, description="Address-space limit of the training subprocess.")
     seed: int = Field(0, description="Seed of sampling and initialisation.")
+    grpo_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Passed to TRL's GRPOConfig as is, over tracefix's own values: GPU settings such as bf16 = true (docs/training.md).",
+    )
 
 
 class RouterSettings(Section):

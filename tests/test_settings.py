@@ -82,3 +82,16 @@ def test_bad_environment_value_names_the_setting() -> None:
 def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load_settings(tmp_path / "absent.toml", environ={})
+
+
+def test_gpu_settings_reach_the_training_config_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    from daemon.training_job import train_config
+    from trainer.grpo import TrainConfig
+
+    path = tmp_path / "gpu.toml"
+    path.write_text("[training]\ngrpo_args = { bf16 = true }\nlora_dropout = 0.05\n")
+    config = TrainConfig.from_dict(train_config(load_settings(path, environ={})))
+    assert config.grpo_args == {"bf16": True} and config.lora_dropout == 0.05
+    environ = {"TRACEFIX_TRAINING_GRPO_ARGS": '{"use_vllm": true, "vllm_mode": "colocate"}'}
+    merged = TrainConfig.from_dict(train_config(load_settings(path, environ=environ))).grpo_args
+    assert merged == {"bf16": True, "use_vllm": True, "vllm_mode": "colocate"}  # tables merge, as the file's do

@@ -41,8 +41,8 @@ class TrainConfig:
     """Everything a training run needs besides the environment and the base model.
 
     The defaults fit a 2-core CPU and SmolLM2-135M. On a GPU: raise ``groups_per_step`` (8–16) and
-    ``group_size`` (8), and pass ``grpo_args={"use_vllm": True, "vllm_mode": "colocate"}`` for vLLM
-    generation; launch with ``accelerate launch`` for several GPUs (see docs/training.md).
+    ``group_size`` (8), and pass ``grpo_args={"bf16": True}``; launch with ``accelerate launch`` for
+    several GPUs (see docs/training.md).
     """
 
     steps: int = 30  # GRPO steps; 0 = the warm start only
