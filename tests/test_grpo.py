@@ -44,6 +44,12 @@ def test_advantages_are_group_normalised_by_hand() -> None:
     assert stats.groups == 0 and stats.zero_variance_groups == 0
 
 
+def test_the_recipe_is_named_from_the_configuration() -> None:
+    assert TrainConfig(steps=0, warm_start_examples=24).recipe == "sft"
+    assert TrainConfig(steps=5, warm_start_examples=24).recipe == "sft+grpo"
+    assert TrainConfig(steps=5, warm_start_examples=0).recipe == "grpo"
+
+
 def test_trl_trains_on_our_rewards_masks_and_plain_prompts(peaked: Path, tmp_path: Path) -> None:
     config = TrainConfig(steps=1, group_size=4, groups_per_step=2, max_new_tokens=1, hint_share=0.5)
     trainer, callback, _ = build_trainer(LETTER, peaked, tmp_path, config)

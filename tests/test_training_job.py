@@ -62,6 +62,7 @@ def test_a_planted_gap_ends_as_a_verified_candidate_adapter_with_no_manual_step(
     assert environment["status"] == "rejected" and all(a["verdict"] == "too_weak" for a in environment["validation"]["attempts"])
     assert [item["status"] for item in runs] == ["candidate"], runs
     assert run["config"]["warm_start_examples"] == 2 and run["result"]["training"]["warm_start"]["examples"] == 2
+    assert run["result"]["training"]["recipe"] == "sft+grpo"  # a warm start, then GRPO steps
     assert [record["step"] for record in run["progress"]] == [1]
     assert {"mean_reward", "success_rate", "zero_variance_groups", "loss", "elapsed_s"} <= set(run["progress"][0])
     target = run["result"]["evaluation"]["target"]
@@ -73,6 +74,7 @@ def test_a_planted_gap_ends_as_a_verified_candidate_adapter_with_no_manual_step(
     assert [(item["capability"], item["version"], item["state"]) for item in adapters] == [("precondition_verification", 1, "candidate")]
     manifest = verify_adapter(Path(adapters[0]["path"]), base_model_hash(tiny_model))
     assert manifest["capability"] == "precondition_verification" and manifest["environment"]["family"] == "precondition_verification"
+    assert manifest["recipe"] == "sft+grpo"
     assert capability["state"] == "candidate"
     assert [t["to_state"] for t in capability["transitions"][:3]] == ["candidate", "training", "environment"]
 

@@ -85,6 +85,14 @@ class TrainConfig:
         return values
 
     @property
+    def recipe(self) -> str:
+        """Which of the design's recipes this configuration runs: ``sft`` (the warm start on verified
+        solutions only), ``sft+grpo``, or plain ``grpo``."""
+        if self.warm_start_examples and not self.steps:
+            return "sft"
+        return "sft+grpo" if self.warm_start_examples else "grpo"
+
+    @property
     def hinted_per_group(self) -> int:
         return round(self.hint_share * self.group_size)
 
@@ -274,7 +282,7 @@ def build_trainer(
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model = get_peft_model(base, lora_config(config))
     resume = latest_checkpoint(output_dir / "checkpoints")
-    report: dict[str, Any] = {"resumed_from": resume.name if resume else None, "warm_start": None}
+    report: dict[str, Any] = {"recipe": config.recipe, "resumed_from": resume.name if resume else None, "warm_start": None}
     if config.warm_start_examples and resume is None:
         report["warm_start"] = warm_start(model, tokenizer, environment, config, output_dir)
 

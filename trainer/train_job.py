@@ -78,6 +78,7 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
             "environment": environment.spec(),
             "base_model": model_settings["name"],
             "base_model_hash": base_model_hash(model_dir),
+            "recipe": config.recipe,
             "training": config.to_dict(),
             "metrics": {"evaluation": verdict, "warm_start": report["warm_start"], "rollouts": report["rollouts"]},
             "created_at": datetime.now(timezone.utc).isoformat(),
