@@ -224,7 +224,7 @@ class PreconditionVerification:
     version: str = RULES_VERSION
 
     def changes_state(self, tool: str) -> bool:
-        return tool in self.settings.state_changing_tools or tool.startswith(tuple(self.settings.state_changing_prefixes))
+        return self.settings.changes_state(tool)
 
     def confirms(self, text: str) -> bool:
         lowered = f" {text.lower()} "

@@ -354,6 +354,15 @@ def envs() -> None:
     against the base model."""
 
 
+def _with_state_changing(definition: Any, changes_state: Any) -> Any:
+    """The definition marked state-changing (or not) as [capabilities] says, unless it says itself."""
+    if not isinstance(definition, dict) or "state_changing" in definition:
+        return definition
+    body = definition.get("function", definition)
+    name = body.get("name") if isinstance(body, dict) else None
+    return {**definition, "state_changing": changes_state(name)} if isinstance(name, str) else definition
+
+
 def _tools(config_path: Path | None, tools_file: Path | None, service: str | None) -> list:
     from trainer.environment import load_tools
 
@@ -373,6 +382,8 @@ def _tools(config_path: Path | None, tools_file: Path | None, service: str | Non
         ]
         if not definitions:
             raise click.ClickException("the daemon has seen no tool definitions yet; pass --tools FILE")
+    changes_state = _settings(config_path).capabilities.changes_state
+    definitions = [_with_state_changing(definition, changes_state) for definition in definitions]
     try:
         return load_tools(definitions)
     except ValueError as error:

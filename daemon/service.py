@@ -73,7 +73,7 @@ class Daemon:
         self.analysis_store = AnalysisStore(self.store)
         self.analyzer = Analyzer(self.store, self.registry, settings.analysis)
         self.trigger = Trigger(self.store, self.registry, settings.analysis, settings.trigger)
-        self.synthesizer = Synthesizer(self.analysis_store, self.registry)
+        self.synthesizer = Synthesizer(self.analysis_store, self.registry, settings.capabilities)
         self.validator = Validator(self.analysis_store, settings)
         self.adapter_registry = Registry(self.store)
         self.training = TrainingRunner(self.analysis_store, self.adapter_registry, settings)

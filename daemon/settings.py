@@ -88,7 +88,9 @@ class CapabilitySettings(Section):
         default_factory=list, description="Tools that change state, in addition to those matched by prefix."
     )
     state_changing_prefixes: list[str] = Field(
-        default_factory=lambda: ["update_", "cancel_", "book_", "create_", "delete_", "send_", "transfer_"],
+        default_factory=lambda: [
+            "update_", "cancel_", "book_", "create_", "delete_", "send_", "transfer_", "modify_", "issue_", "add_", "remove_",
+        ],  # fmt: skip
         description="A tool whose name starts with one of these changes state.",
     )
     confirmation_phrases: list[str] = Field(
@@ -97,6 +99,10 @@ class CapabilitySettings(Section):
     loop_repeats: int = Field(3, ge=2, description="This many identical consecutive calls are a loop.")
     max_turns: int = Field(0, ge=0, description="A run with this many assistant turns hit the turn limit; 0 = none.")
     disabled: list[str] = Field(default_factory=list, description="Capability plugins not to load, by name.")
+
+    def changes_state(self, tool: str) -> bool:
+        """Whether calling `tool` changes state: the labelers and the environments both ask this."""
+        return tool in self.state_changing_tools or tool.startswith(tuple(self.state_changing_prefixes))
 
 
 class AnalysisSettings(Section):

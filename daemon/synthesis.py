@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from daemon.capabilities import CapabilityRegistry
+from daemon.settings import CapabilitySettings
 from daemon.store import AnalysisStore
 from trainer.checks import check
 from trainer.environment import Environment, load_tools
@@ -22,9 +23,12 @@ ENVIRONMENT_STATE = "environment"
 
 
 class Synthesizer:
-    def __init__(self, store: AnalysisStore, registry: CapabilityRegistry, seeds: int = 50) -> None:
+    def __init__(
+        self, store: AnalysisStore, registry: CapabilityRegistry, settings: CapabilitySettings | None = None, seeds: int = 50
+    ) -> None:
         self.store = store
         self.registry = registry
+        self.settings = settings or CapabilitySettings()
         self.seeds = seeds
         self.families = load_families()
 
@@ -40,7 +44,10 @@ class Synthesizer:
             family = self.family_for(capability)
             service = self.store.lacking_service(capability)
             definitions = [
-                {"name": tool["tool_name"], "description": tool["description"], "parameters": tool["parameters"] or {}}
+                {
+                    "name": tool["tool_name"], "description": tool["description"], "parameters": tool["parameters"] or {},
+                    "state_changing": self.settings.changes_state(tool["tool_name"]),
+                }  # fmt: skip
                 for tool in self.store.tool_definitions(service)
             ]
             if family is None or not definitions:

@@ -101,3 +101,28 @@ def test_rollout_marks_which_messages_the_policy_wrote() -> None:
     replay = rollout(instance, solution_policy(instance))
     assert replay.reward == 1.0
     assert [m["role"] == "assistant" for m in replay.messages] == replay.from_policy
+
+
+def test_the_settings_decide_which_tools_change_state_for_the_environments_too(tmp_path: Path) -> None:
+    """A write whose name no default prefix matches (close_ticket) is unknown until [capabilities]
+    state_changing_tools names it; then precondition_verification builds on it, as its labeler judges it."""
+    from daemon.settings import CapabilitySettings
+    from trainer import world
+
+    tools = [
+        {"name": "get_ticket", "description": "Fetch a ticket.",
+         "parameters": {"type": "object", "properties": {"ticket_id": {"type": "string"}}, "required": ["ticket_id"]}},
+        {"name": "close_ticket", "description": "Close a ticket.",
+         "parameters": {"type": "object", "properties": {"ticket_id": {"type": "string"}}, "required": ["ticket_id"]}},
+    ]  # fmt: skip
+    path = tmp_path / "tickets.json"
+    path.write_text(json.dumps(tools))
+    command = [sys.executable, "-m", "daemon.cli", "envs", "check", "precondition_verification", "--seeds", "20", "--tools", str(path)]
+    unmarked = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert unmarked.returncode != 0 and "state-changing" in unmarked.stdout + unmarked.stderr
+    config = tmp_path / "tickets.toml"
+    config.write_text('[capabilities]\nstate_changing_tools = ["close_ticket"]\n')
+    marked = subprocess.run([*command, "--config", str(config)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert marked.returncode == 0, marked.stdout + marked.stderr
+    # With no settings at all, names decide, by the same prefixes the settings default to.
+    assert tuple(CapabilitySettings().state_changing_prefixes) == world.WRITE_PREFIXES

@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from daemon.settings import GateSettings, ModelSettings, Settings, StoreSettings  # noqa: E402
+from daemon.settings import CapabilitySettings, GateSettings, ModelSettings, Settings, StoreSettings  # noqa: E402
 from daemon.store import AnalysisStore, Store  # noqa: E402
 from daemon.validation_job import Validator  # noqa: E402
 from examples.traffic import generate, send  # noqa: E402
@@ -91,6 +91,9 @@ def test_the_daemon_rejects_a_random_base_model_on_a_planted_gap_with_the_report
     report = environment["validation"]
     assert environment["status"] == "rejected", report
     assert environment["validated_at"] is not None
+    # Which tools change state is the daemon's settings' word, stored with the tools the family built on.
+    marks = {tool["name"]: tool["state_changing"] for tool in environment["tools"]}
+    assert any(marks.values()) and marks == {name: CapabilitySettings().changes_state(name) for name in marks}
     assert report["passed"] is False and report["model"] == str(tiny_model)
     assert [attempt["hint_share"] for attempt in report["attempts"]] == [0.0, 0.25, 0.5]
     assert all(attempt["verdict"] == "too_weak" for attempt in report["attempts"])

@@ -32,16 +32,20 @@ class Tool:
     name: str
     description: str
     parameters: dict[str, Any]
+    # Whether calling it changes state, as the daemon's settings say (None: judged by its name).
+    state_changing: bool | None = None
 
     @classmethod
     def from_definition(cls, definition: dict[str, Any]) -> Tool:
-        """Accepts the OpenAI shape (``{"type": "function", "function": {...}}``) or a flat one."""
+        """Accepts the OpenAI shape (``{"type": "function", "function": {...}}``) or a flat one; a
+        ``state_changing`` key next to the name marks a tool the settings call state-changing (or not)."""
         body = definition.get("function", definition) if isinstance(definition, dict) else {}
         name = body.get("name")
         if not isinstance(name, str) or not name:
             raise ValueError(f"tool definition without a name: {definition!r:.120}")
         parameters = body.get("parameters") or body.get("input_schema") or {"type": "object", "properties": {}}
-        return cls(name, str(body.get("description") or ""), parameters)
+        state_changing = body.get("state_changing", definition.get("state_changing"))
+        return cls(name, str(body.get("description") or ""), parameters, state_changing if isinstance(state_changing, bool) else None)
 
     def to_openai(self) -> dict[str, Any]:
         return {

@@ -15,6 +15,7 @@ from faker import Faker
 from trainer.environment import Tool
 
 READ_PREFIXES = ("get_", "list_", "search_", "find_", "lookup_", "check_", "read_", "fetch_", "show_", "query_")
+# Without the daemon's settings (a tool not marked): the default [capabilities] state_changing_prefixes.
 WRITE_PREFIXES = ("update_", "cancel_", "book_", "create_", "delete_", "send_", "transfer_", "modify_", "issue_", "add_", "remove_")
 _ID_NAME = re.compile(r"(^|_)(id|number|code|ref|reference)$", re.IGNORECASE)
 # Parameters that name one entity: the id names plus keys people look things up by.
@@ -22,7 +23,8 @@ _KEY_NAME = re.compile(r"(^|_)(id|number|code|ref|reference|sku|email|username|h
 
 
 def is_write(tool: Tool) -> bool:
-    return tool.name.startswith(WRITE_PREFIXES)
+    """State-changing: as the daemon's settings marked the tool, else by its name."""
+    return tool.state_changing if tool.state_changing is not None else tool.name.startswith(WRITE_PREFIXES)
 
 
 def is_read(tool: Tool) -> bool:
