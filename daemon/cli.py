@@ -237,11 +237,17 @@ def _interval(low: float | None, high: float | None) -> str:
 @config_option
 @json_option
 @click.option("--window", default=None, help="Statistics window to show (default: the selection window).")
-def capabilities(config_path: Path | None, as_json: bool, window: str | None) -> None:
-    """Per-capability gap statistics, selection and trigger state."""
+@click.option("--examples", default=3, show_default=True, type=click.IntRange(0, 50), help="Failed runs shown as evidence per selected capability.")
+def capabilities(config_path: Path | None, as_json: bool, window: str | None, examples: int) -> None:
+    """Per-capability gap statistics, selection and trigger state, with evidence for the selected ones."""
     data = _client_call(config_path, "GET", "/api/capabilities")
     items = data["items"]
     if as_json:
+        for item in items:
+            if item["selected"] and examples:
+                item["evidence"] = _client_call(
+                    config_path, "GET", "/api/trajectories", capability=item["name"], label="LACKING", outcome="failure", limit=examples
+                )["items"]
         _print_json(items)
         return
     from rich.console import Console
@@ -272,12 +278,28 @@ def capabilities(config_path: Path | None, as_json: bool, window: str | None) ->
     for item in items:
         if item["selected"] or item["state"] != "healthy":
             console.print(f"[bold]{item['name']}[/bold] {item['state']}: {item['state_reason']}")
+        if item["selected"] and examples:
+            _print_evidence(console, config_path, item["name"], examples)
         request = item.get("open_training_request")
         if request:
             console.print(
                 f"  training request #{request['request_id']} {request['status']} ({request['source']}, "
                 f"{request['created_at']}): {request['reason']}"
             )
+
+
+def _print_evidence(console: Any, config_path: Path | None, capability: str, examples: int) -> None:
+    """A few failed runs labeled LACKING for the capability: the labeler's reason and evidence spans."""
+    data = _client_call(
+        config_path, "GET", "/api/trajectories", capability=capability, label="LACKING", outcome="failure", limit=examples
+    )
+    from rich.markup import escape
+
+    for row in data["items"]:
+        spans = ", ".join(row.get("span_ids") or []) or "no span"
+        console.print(f"  e.g. {escape(row['trajectory_id'])}: {escape(row['reason'] or '')} [dim](evidence: {spans})[/dim]", soft_wrap=True)
+    if data["total"] > len(data["items"]):
+        console.print(f"  … {data['total']} failed runs LACKING it: tracefix trajectories --capability {capability} --label LACKING")
 
 
 @main.command()

@@ -102,11 +102,17 @@ def test_cli_shows_the_selected_capabilities_with_evidence(loaded: tuple[Running
     )  # fmt: skip
     items = json.loads(shown.stdout)
     assert {item["name"] for item in items if item["selected"]} == PLANTED
+    for item in items:  # each selected capability comes with failed runs that lack it, and why
+        evidence = item.get("evidence", [])
+        assert len(evidence) == (3 if item["selected"] else 0), item["name"]
+        assert all(row["label"] == "LACKING" and row["outcome"] == "failure" and row["span_ids"] for row in evidence)
     table = subprocess.run(
         [*command, "capabilities", "--config", str(daemon.config_path)],
         cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert "precondition_verification" in table.stdout and "environment" in table.stdout
+    shown_first = next(item for item in items if item["name"] == "precondition_verification")["evidence"][0]
+    assert f"e.g. {shown_first['trajectory_id']}: {shown_first['reason'][:40]}" in " ".join(table.stdout.split())
     evidence = subprocess.run(
         [*command, "trajectories", "--capability", "precondition_verification", "--label", "LACKING",
          "--json", "--config", str(daemon.config_path)],
