@@ -39,7 +39,7 @@ DEMO: dict[str, dict[str, Any]] = {
     # Warm start only: on two cores GRPO steps over 1,200-token openings take minutes each and
     # the demonstrations teach what the 135M model lacks (docs/performance.md).
     "training": {
-        "steps": 0, "group_size": 4, "groups_per_step": 2, "warm_start_examples": 24, "warm_start_epochs": 2,
+        "steps": 0, "group_size": 4, "groups_per_step": 2, "warm_start_examples": 48, "warm_start_epochs": 2,
         "eval_seeds": 16, "eval_interference": False, "save_steps": 2,
     },  # fmt: skip
     "model": {"max_new_tokens": 96, "threads": 1},  # one thread each: router and trainer share the cores
