@@ -116,7 +116,11 @@ class Store:
         self._local = threading.local()
         self._cursors: list[duckdb.DuckDBPyConnection] = []
         self._cursors_lock = threading.Lock()
-        self.migrate()
+        try:
+            self.migrate()
+        except BaseException:  # a refused or failed migration leaves the file closed for others
+            self.close()
+            raise
 
     # -- connection handling -------------------------------------------------------------------
 
