@@ -437,9 +437,12 @@ difficulty_option = click.option("--difficulty", default=1, show_default=True, t
 
 
 @envs.command(name="list")
+@config_option
 @json_option
-def envs_list(as_json: bool) -> None:
-    """The registered environment families."""
+def envs_list(config_path: Path | None, as_json: bool) -> None:
+    """The registered environment families (plugins: the configuration cannot change them, but a
+    broken --config is still an error, as for every command)."""
+    _settings(config_path)
     from trainer.families import load_families
 
     families = [
