@@ -12,13 +12,13 @@ import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import orjson
 
 from daemon import metrics
-from daemon.capabilities import CapabilityRegistry, Judgement, Label, ToolCall, ToolSpec, Trajectory, Turn
+from daemon.capabilities import Capability, CapabilityRegistry, Judgement, Label, ToolCall, ToolSpec, Trajectory, Turn
 from daemon.settings import AnalysisSettings
 from daemon.store import AnalysisStore, Store
 
@@ -166,11 +166,35 @@ class Analyzer:
             if generation == self._generation:
                 self.labeled_through = through
             return 0
+        self._relabel(ids, list(self.registry))
+        if len(ids) < self.settings.label_batch and generation == self._generation:
+            self.labeled_through = through
+        return len(ids)
+
+    def retry_errors(self) -> int:
+        """Label again the (trajectory, capability) pairs whose labeler gave no usable verdict (an
+        LLM endpoint that was down, output that stayed invalid) at least `error_retry_s` ago.
+        Returns how many trajectories were tried; a pair that fails again waits as long again."""
+        if not self.settings.error_retry_s:
+            return 0
+        before = datetime.now(timezone.utc) - timedelta(seconds=self.settings.error_retry_s)
+        tried = 0
+        for capability in self.registry:
+            labeler = capability.labeler
+            ids = self.store.errored(capability.name, labeler.name, labeler.version, before, self.settings.label_batch)
+            if not ids:
+                continue
+            self._relabel(ids, [capability])
+            tried += len(ids)
+        return tried
+
+    def _relabel(self, ids: list[str], capabilities: list[Capability]) -> None:
+        """Label these trajectories for these capabilities and swap the labels in, in one transaction."""
         now = datetime.now(timezone.utc)
         batches: dict[str, int] = {}
         rows = []
         for trajectory in self.trajectories(ids, batches):
-            for capability in self.registry:
+            for capability in capabilities:
                 for run, judgement in enumerate(self._judge(capability.labeler, trajectory)):
                     rows.append(
                         (
@@ -179,11 +203,8 @@ class Analyzer:
                             list(judgement.span_ids), judgement.confidence, batches[trajectory.trajectory_id], now,
                         )  # fmt: skip
                     )
-        self.store.replace_labels(ids, [(c.name, c.labeler.name) for c in self.registry], rows)
+        self.store.replace_labels(ids, [(c.name, c.labeler.name) for c in capabilities], rows)
         metrics.LABELS.inc(len(rows))
-        if len(ids) < self.settings.label_batch and generation == self._generation:
-            self.labeled_through = through
-        return len(ids)
 
     @staticmethod
     def _judge(labeler: Any, trajectory: Trajectory) -> list[Judgement]:
@@ -217,6 +238,7 @@ class Analyzer:
             labeled += done
             if done < self.settings.label_batch:
                 break
+        labeled += self.retry_errors()
         pass_id = self.stats_pass()
         for row in self.store.stats(pass_id):
             if row["window_name"] != self.settings.selection_window:

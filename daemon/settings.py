@@ -108,6 +108,9 @@ class CapabilitySettings(Section):
 class AnalysisSettings(Section):
     interval_s: float = Field(30.0, gt=0, description="How often labeling and statistics run.")
     label_batch: int = Field(20000, ge=1, description="Most trajectories labeled per capability in one pass.")
+    error_retry_s: float = Field(
+        900.0, ge=0, description="A pair whose labeler gave no verdict (LLM endpoint down) is labeled again after this; 0 = never."
+    )
     windows: list[str] = Field(
         default_factory=lambda: ["all", "24h"],
         description="Statistics windows by trajectory end time: 'all' or a duration like '24h', '7d', '90m'.",

@@ -448,6 +448,15 @@ class AnalysisStore:
         cursor.unregister(_CURRENT)
         return [row[0] for row in rows]
 
+    def errored(self, capability: str, labeler: str, version: str, before: Any, limit: int) -> list[str]:
+        """Trajectories with an ERROR label from this labeler version, labeled before `before`."""
+        rows = self.store.cursor.execute(
+            "SELECT DISTINCT trajectory_id FROM labels WHERE capability = ? AND labeler = ? AND labeler_version = ? "
+            "AND label = 'ERROR' AND labeled_at < ? ORDER BY trajectory_id LIMIT ?",
+            [capability, labeler, version, before, limit],
+        ).fetchall()
+        return [row[0] for row in rows]
+
     def last_assembled_batch(self) -> int:
         return self.store.cursor.execute("SELECT coalesce(max(updated_batch), 0) FROM trajectories").fetchall()[0][0]
 
