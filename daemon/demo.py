@@ -157,6 +157,15 @@ class Traffic(threading.Thread):
             self.batches += 1
 
 
+def _number(value: float | None) -> str:
+    """A statistic as the narration prints it; None (no run to compute it from) as n/a."""
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
+
+
 class Narrator:
     """Reads the daemon API, prints one line per new event and keeps a status table current."""
 
@@ -213,8 +222,8 @@ class Narrator:
             self.selected.setdefault(item["name"], stats)
             self.event(
                 f"selected:{item['name']}",
-                f"capability selected: {item['name']} — Δ {stats.get('delta', 0):.2f}, coverage {stats.get('coverage', 0):.2f} "
-                f"(lacking in {stats.get('er_minus', 0):.0%} of failed runs that need it vs {stats.get('er_plus', 0):.0%} of successful ones)",
+                f"capability selected: {item['name']} — Δ {_number(stats.get('delta'))}, coverage {_number(stats.get('coverage'))} "
+                f"(lacking in {_share(stats.get('er_minus'))} of failed runs that need it vs {_share(stats.get('er_plus'))} of successful ones)",
             )  # fmt: skip
         moving = [f"{item['name']}: {item['state']}" for item in capabilities if item["state"] not in ("healthy",)]
         self.rows["capabilities"] = ", ".join(moving) or "all healthy so far"
@@ -237,7 +246,7 @@ class Narrator:
             steps = run["config"].get("steps", 0)
             last = progress[-1] if progress else {}
             self.rows["training"] = (
-                f"run {run['run_id']}: step {last.get('step', 0)}/{steps}, reward {last.get('mean_reward', 0):.2f}, "
+                f"run {run['run_id']}: step {last.get('step', 0)}/{steps}, reward {_number(last.get('mean_reward'))}, "
                 f"{last.get('elapsed_s', 0):.0f} s" if progress else f"run {run['run_id']}: warm start and first rollouts"
             )
         else:
@@ -262,8 +271,8 @@ class Narrator:
                 report = judged[adapter["adapter_id"]]
                 own, reference = report.get("adapter", {}), report.get("reference", {})
                 self.rows[f"{name} ({state})"] = (
-                    f"failure {own.get('rate', 0):.2f} {own.get('interval')} on {own.get('total', 0)} routed vs "
-                    f"{reference.get('name')} {reference.get('rate', 0):.2f} {reference.get('interval')} on {reference.get('total', 0)}"
+                    f"failure {_number(own.get('rate'))} {own.get('interval')} on {own.get('total', 0)} routed vs "
+                    f"{reference.get('name')} {_number(reference.get('rate'))} {reference.get('interval')} on {reference.get('total', 0)}"
                     f" (verdict after {report.get('needed')})"
                 )
             if state == "live" and self.tally.live_since is None:
@@ -375,8 +384,14 @@ def run(
     watcher.start()
     with Live(table(), console=console, refresh_per_second=2, transient=False) as live:
         narrator.say = lambda line: live.console.print(line, soft_wrap=True)  # whole lines, also in a log file
+        failed_polls: set[str] = set()
         while not stack.stopping.wait(2):
-            narrator.poll()
+            try:
+                narrator.poll()
+            except Exception as error:  # a narration bug must not stop the deployment it narrates
+                if repr(error) not in failed_polls:
+                    failed_polls.add(repr(error))
+                    live.console.print(f"narration skipped a poll: {error!r}", soft_wrap=True)
             live.update(table())
             if deadline is not None and time.monotonic() > deadline:
                 break

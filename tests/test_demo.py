@@ -109,3 +109,22 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
     assert 0 < lacking["total"] <= failure["before"]["total"] and lacking["interval"][0] <= lacking["rate"] <= lacking["interval"][1]
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{ports['router']}/healthz", timeout=2)
+
+
+def test_a_capability_selected_without_successes_to_compare_is_narrated_not_fatal() -> None:
+    """After an adapter goes live, a capability can be selected whose ER+ has no successful run to
+    come from (None in the API): the narration says n/a instead of stopping the demo."""
+    from daemon.demo import Narrator, Tally
+
+    lines: list[str] = []
+    narrator = Narrator(None, Tally(), False, "http://127.0.0.1:8501", lines.append)  # type: ignore[arg-type]
+    item = {
+        "name": "precondition_verification", "selected": True, "state": "gap_detected",
+        "windows": {"all": {"delta": None, "coverage": 0.4, "er_minus": 1.0, "er_plus": None}},
+    }  # fmt: skip
+    narrator._capabilities([item])
+    assert lines == [
+        "capability selected: precondition_verification — Δ n/a, coverage 0.40 "
+        "(lacking in 100% of failed runs that need it vs n/a of successful ones)"
+    ]
+    assert narrator.rows["capabilities"] == "precondition_verification: gap_detected"
