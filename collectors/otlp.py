@@ -219,7 +219,10 @@ def decode_spans(request: ExportTraceServiceRequest, limits: Limits) -> Decoded:
         service, resource_json = _resource_identity(resource_spans.resource, decoder)
         resource_truncated = decoder.truncated
         for scope_spans in resource_spans.scope_spans:
-            scope = scope_spans.scope
+            decoder.truncated = resource_truncated
+            scope_name = decoder.text(scope_spans.scope.name, max_name) or None
+            scope_version = decoder.text(scope_spans.scope.version, max_name) or None
+            scope_truncated = decoder.truncated
             for span in scope_spans.spans:
                 trace_id, span_id, parent_id = span.trace_id, span.span_id, span.parent_span_id
                 if not _valid_id(trace_id, 16):
@@ -231,7 +234,7 @@ def decode_spans(request: ExportTraceServiceRequest, limits: Limits) -> Decoded:
                 if parent_id and len(parent_id) != 8:
                     decoded.rejected["invalid parent_span_id"] += 1
                     continue
-                decoder.truncated = resource_truncated
+                decoder.truncated = scope_truncated
                 attributes = decoder.attributes(span.attributes)
                 events = span.events
                 if len(events) > max_events:
@@ -252,8 +255,8 @@ def decode_spans(request: ExportTraceServiceRequest, limits: Limits) -> Decoded:
                 status_codes.append(span.status.code)
                 status_messages.append(decoder.text(span.status.message, limits.max_attribute_value_bytes) or None)
                 services.append(service)
-                scope_names.append(decoder.text(scope.name, max_name) or None)
-                scope_versions.append(decoder.text(scope.version, max_name) or None)
+                scope_names.append(scope_name)
+                scope_versions.append(scope_version)
                 conversations.append(conversation_id(attributes))
                 resources.append(resource_json)
                 attribute_column.append(_dumps(attributes))

@@ -245,9 +245,7 @@ def capabilities(config_path: Path | None, as_json: bool, window: str | None, ex
     if as_json:
         for item in items:
             if item["selected"] and examples:
-                item["evidence"] = _client_call(
-                    config_path, "GET", "/api/trajectories", capability=item["name"], label="LACKING", outcome="failure", limit=examples
-                )["items"]
+                item["evidence"] = _evidence(config_path, item["name"], examples)["items"]
         _print_json(items)
         return
     from rich.console import Console
@@ -288,11 +286,13 @@ def capabilities(config_path: Path | None, as_json: bool, window: str | None, ex
             )
 
 
+def _evidence(config_path: Path | None, capability: str, examples: int) -> dict[str, Any]:
+    """A page of failed runs labeled LACKING for the capability (with the labeler's reason and spans)."""
+    return _client_call(config_path, "GET", "/api/trajectories", capability=capability, label="LACKING", outcome="failure", limit=examples)
+
+
 def _print_evidence(console: Any, config_path: Path | None, capability: str, examples: int) -> None:
-    """A few failed runs labeled LACKING for the capability: the labeler's reason and evidence spans."""
-    data = _client_call(
-        config_path, "GET", "/api/trajectories", capability=capability, label="LACKING", outcome="failure", limit=examples
-    )
+    data = _evidence(config_path, capability, examples)
     from rich.markup import escape
 
     for row in data["items"]:
@@ -376,18 +376,11 @@ def envs() -> None:
     against the base model."""
 
 
-def _with_state_changing(definition: Any, changes_state: Any) -> Any:
-    """The definition marked state-changing (or not) as [capabilities] says, unless it says itself."""
-    if not isinstance(definition, dict) or "state_changing" in definition:
-        return definition
-    body = definition.get("function", definition)
-    name = body.get("name") if isinstance(body, dict) else None
-    return {**definition, "state_changing": changes_state(name)} if isinstance(name, str) else definition
-
-
 def _tools(config_path: Path | None, tools_file: Path | None, service: str | None) -> list:
+    from daemon.synthesis import stored_definitions, with_state_changing
     from trainer.environment import load_tools
 
+    settings = _settings(config_path).capabilities
     if tools_file is not None:
         try:
             document = orjson.loads(tools_file.read_bytes())
@@ -396,16 +389,12 @@ def _tools(config_path: Path | None, tools_file: Path | None, service: str | Non
         definitions = document.get("tools", document) if isinstance(document, dict) else document
         if not isinstance(definitions, list):
             raise click.ClickException(f"{tools_file}: expected a list of tool definitions or {{\"tools\": [...]}}")
+        definitions = [with_state_changing(definition, settings) for definition in definitions]
     else:
         data = _client_call(config_path, "GET", "/api/tools", service=service)
-        definitions = [
-            {"name": tool["tool_name"], "description": tool["description"], "parameters": tool["parameters"] or {}}
-            for tool in data["items"]
-        ]
+        definitions = stored_definitions(data["items"], settings)
         if not definitions:
             raise click.ClickException("the daemon has seen no tool definitions yet; pass --tools FILE")
-    changes_state = _settings(config_path).capabilities.changes_state
-    definitions = [_with_state_changing(definition, changes_state) for definition in definitions]
     try:
         return load_tools(definitions)
     except ValueError as error:

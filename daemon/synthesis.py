@@ -9,6 +9,7 @@ gate) needs the model and belongs to the trainer.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from daemon.capabilities import CapabilityRegistry
 from daemon.settings import CapabilitySettings
@@ -20,6 +21,24 @@ from trainer.families import load_families
 log = logging.getLogger(__name__)
 
 ENVIRONMENT_STATE = "environment"
+
+
+def with_state_changing(definition: Any, settings: CapabilitySettings) -> Any:
+    """The definition marked state-changing (or not) as [capabilities] says, unless it says itself:
+    the environments then agree with the labelers on which tools are writes."""
+    if not isinstance(definition, dict) or "state_changing" in definition:
+        return definition
+    body = definition.get("function", definition)
+    name = body.get("name") if isinstance(body, dict) else None
+    return {**definition, "state_changing": settings.changes_state(name)} if isinstance(name, str) else definition
+
+
+def stored_definitions(rows: list[dict[str, Any]], settings: CapabilitySettings) -> list[dict[str, Any]]:
+    """Tool definitions from the daemon's `tool_definitions` rows (store or `/api/tools`), marked."""
+    return [
+        with_state_changing({"name": row["tool_name"], "description": row["description"], "parameters": row["parameters"] or {}}, settings)
+        for row in rows
+    ]
 
 
 class Synthesizer:
@@ -43,13 +62,7 @@ class Synthesizer:
             capability = request["capability"]
             family = self.family_for(capability)
             service = self.store.lacking_service(capability)
-            definitions = [
-                {
-                    "name": tool["tool_name"], "description": tool["description"], "parameters": tool["parameters"] or {},
-                    "state_changing": self.settings.changes_state(tool["tool_name"]),
-                }  # fmt: skip
-                for tool in self.store.tool_definitions(service)
-            ]
+            definitions = stored_definitions(self.store.tool_definitions(service), self.settings)
             if family is None or not definitions:
                 reason = "no environment family registered" if family is None else "no tool definitions seen"
                 created.append(self._store_failure(request, capability, service, definitions, reason))
