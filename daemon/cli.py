@@ -164,15 +164,22 @@ def logs(name: str, config_path: Path | None, lines: int, follow: bool) -> None:
               help="Stop once this many model-driven conversations have finished after an adapter went live (0: keep going).")  # fmt: skip
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write what the run measured (stages with their times, the gap, the evaluation, before vs after) here as JSON.")  # fmt: skip
+@click.option("--serve-while-training", is_flag=True,
+              help="Keep the model-driven agent's conversations going while an adapter trains (by default they wait: "
+                   "on a small CPU serving and training halve each other).")  # fmt: skip
 def demo(
-    config_path: Path | None, auto_approve: bool, minutes: float | None, fast: bool, policy: str, rate: float, after: int, report: Path | None
+    config_path: Path | None, auto_approve: bool, minutes: float | None, fast: bool, policy: str, rate: float, after: int,
+    report: Path | None, serve_while_training: bool,
 ) -> None:
     """Run the whole improvement loop on this machine, narrated: the stack, an example agent's
     traffic, the gap, the environment, training, your approval, the canary, before and after."""
     from daemon import demo as guided
 
     try:
-        status = guided.run(config_path, fast, auto_approve, minutes, policy, rate, lambda line: click.echo(line, err=True), after, report)
+        status = guided.run(
+            config_path, fast, auto_approve, minutes, policy, rate, lambda line: click.echo(line, err=True), after, report,
+            not serve_while_training,
+        )
     except ConfigError as error:
         raise click.ClickException(str(error)) from None
     sys.exit(status)

@@ -40,9 +40,10 @@ DEMO: dict[str, dict[str, Any]] = {
     # the demonstrations teach what the 135M model lacks (docs/performance.md).
     "training": {
         "steps": 0, "group_size": 4, "groups_per_step": 2, "warm_start_examples": 48, "warm_start_epochs": 2,
-        "eval_seeds": 16, "eval_interference": False, "save_steps": 2,
+        "eval_seeds": 16, "eval_interference": False, "save_steps": 2, "threads": 2,
     },  # fmt: skip
-    "model": {"max_new_tokens": 96, "threads": 1},  # one thread each: router and trainer share the cores
+    # The router gets one thread; the trainer both, since the model-driven traffic holds while it trains.
+    "model": {"max_new_tokens": 96, "threads": 1},
     "promotion": {"interval_s": 5.0, "canary_fraction": 0.5, "canary_min_trajectories": 10, "watch_min_trajectories": 30},
 }
 FAST: dict[str, dict[str, Any]] = {
@@ -115,7 +116,10 @@ PANEL_BATCHES = 6  # the model-driven agent's goals: 6 seeded batches of 4 conve
 class Traffic(threading.Thread):
     """The example deployment until stopped: conversations of the model-driven agent (the base model
     or an adapter behind the router) and, with policy "mixed", of the scripted flows that run next
-    to it, whose successes give the analysis its contrast. Model-driven outcomes are tallied."""
+    to it, whose successes give the analysis its contrast. Model-driven outcomes are tallied.
+
+    While ``hold`` is set (an adapter trains), the model-driven conversations wait and the scripted
+    flows go on: on two cores the router's generation and the trainer would halve each other."""
 
     def __init__(self, settings: Settings, tally: Tally, policy: str, rate: float, batch: int = 4) -> None:
         super().__init__(name="demo-traffic", daemon=True)
@@ -131,6 +135,7 @@ class Traffic(threading.Thread):
         self.plan = {"llm": [model], "mixed": [model, flows], "scripted": [planted]}[policy]
         self.tally = tally
         self.stopping = threading.Event()
+        self.hold = threading.Event()
         self.error: str | None = None
         self.batches = 0
 
@@ -141,6 +146,9 @@ class Traffic(threading.Thread):
             for config in self.plan:
                 if self.stopping.is_set():
                     return
+                if config["policy"] == "llm" and self.hold.is_set():
+                    self.stopping.wait(2)
+                    continue
                 counted = config["policy"] == "llm" or len(self.plan) == 1
                 # The model-driven agent cycles through one panel of seeded goals, so "before" and
                 # "after" the adapter are measured on the same customers and requests.
@@ -169,8 +177,12 @@ def _share(value: float | None) -> str:
 class Narrator:
     """Reads the daemon API, prints one line per new event and keeps a status table current."""
 
-    def __init__(self, client: DaemonClient, tally: Tally, auto_approve: bool, dashboard_url: str, say: Callable[[str], None]) -> None:
+    def __init__(
+        self, client: DaemonClient, tally: Tally, auto_approve: bool, dashboard_url: str, say: Callable[[str], None],
+        hold: threading.Event | None = None,
+    ) -> None:  # fmt: skip
         self.client = client
+        self.hold = hold  # when given: set while a run trains before any adapter serves (the model-driven traffic waits)
         self.tally = tally
         self.auto_approve = auto_approve
         self.dashboard_url = dashboard_url
@@ -208,7 +220,7 @@ class Narrator:
         )
         self._capabilities(capabilities)
         self._environments(environments)
-        self._runs(runs)
+        self._runs(runs, measuring=any(item["state"] in ("canary", "live") for item in adapters))
         self._adapters(adapters, routing)
         self._decisions(audit, {item["adapter_id"]: f"{item['capability']}@v{item['version']}" for item in adapters})
         self.rows["model-driven failure rate"] = (
@@ -235,11 +247,24 @@ class Narrator:
             latest = environments[0]
             self.rows["environment"] = f"{latest['family']}: {latest['status']}"
 
-    def _runs(self, runs: list[dict[str, Any]]) -> None:
+    def _runs(self, runs: list[dict[str, Any]], measuring: bool = False) -> None:
+        """Narrate the latest run; hold the model-driven traffic while one trains, unless an adapter
+        is in canary or live (the canary and the after-measurement need that traffic)."""
         if not runs:
             return
         run = runs[0]
         self.event(f"run:{run['run_id']}:{run['status']}", f"training run {run['run_id']} ({run['capability']} v{run['version']}): {run['status']}")
+        running = [item for item in runs if item["status"] == "running"] if not measuring else []
+        if self.hold is not None and bool(running) != self.hold.is_set():
+            if running:
+                self.hold.set()
+                self.event(
+                    f"hold:{running[0]['run_id']}",
+                    f"model-driven traffic holds while run {running[0]['run_id']} trains (the trainer gets the cores)",
+                )  # fmt: skip
+            else:
+                self.hold.clear()
+                self.event(f"resume:{runs[0]['run_id']}", "model-driven traffic resumes")
         if run["status"] == "running":
             detail = self.client.get(f"/api/runs/{run['run_id']}")
             progress = detail.get("progress") or []
@@ -326,12 +351,13 @@ class Narrator:
 
 def run(
     config_path: Path | None, fast: bool, auto_approve: bool, minutes: float | None, policy: str, rate: float,
-    say: Callable[[str], None], after: int = 0, report: Path | None = None,
+    say: Callable[[str], None], after: int = 0, report: Path | None = None, hold_while_training: bool = True,
 ) -> int:  # fmt: skip
     """`tracefix demo`: returns the exit status. With `after`, it ends once that many model-driven
     conversations have finished after an adapter went live; with `report`, what the run measured
     (events with their times, the gap, the candidate's evaluation, before vs after) is written
-    there as JSON."""
+    there as JSON. With `hold_while_training`, the model-driven conversations wait while a
+    training run runs."""
     import signal
 
     from rich.console import Console
@@ -361,7 +387,7 @@ def run(
     tally = Tally()
     traffic = Traffic(settings, tally, policy, rate)
     client = DaemonClient(settings)
-    narrator = Narrator(client, tally, auto_approve, dashboard_url, say)
+    narrator = Narrator(client, tally, auto_approve, dashboard_url, say, traffic.hold if hold_while_training else None)
     deadline = time.monotonic() + minutes * 60 if minutes else None
     console = Console(stderr=True)
     if not stack.stopping.is_set():
@@ -409,7 +435,10 @@ def run(
             say(f"{measured['capability']} lacking before the adapter: {lacking['before']}; after: {lacking['after']}")
         if report is not None:
             document = {
-                "settings": {"fast": fast, "policy": policy, "rate": rate, "training": settings.training.model_dump(mode="json")},
+                "settings": {
+                    "fast": fast, "policy": policy, "rate": rate, "hold_while_training": hold_while_training,
+                    "training": settings.training.model_dump(mode="json"),
+                },
                 "seconds": round(time.monotonic() - narrator.started, 1), "timeline": narrator.timeline,
                 "selected": narrator.selected, "candidates": narrator.candidates, "live": narrator.live, **measured,
             }  # fmt: skip

@@ -203,6 +203,7 @@ class TrainingSettings(Section):
     timeout_s: float = Field(4 * 3600, gt=0, description="A training run longer than this is killed and marked failed.")
     memory_mb: int = Field(16384, ge=512, description="Address-space limit of the training subprocess.")
     seed: int = Field(0, description="Seed of sampling and initialisation.")
+    threads: int = Field(0, ge=0, description="Torch CPU threads of the training subprocess; 0 = [model] threads.")
     grpo_args: dict[str, Any] = Field(
         default_factory=dict,
         description="Passed to TRL's GRPOConfig as is, over tracefix's own values: GPU settings such as bf16 = true (docs/training.md).",

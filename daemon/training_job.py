@@ -158,7 +158,7 @@ def train_config(settings: Settings) -> dict[str, Any]:
     """TrainConfig fields from [training] and [model]."""
     config = {key: value for key, value in settings.training.model_dump(mode="json").items() if key not in _JOB_ONLY}
     config["max_new_tokens"] = settings.model.max_new_tokens
-    config["threads"] = settings.model.threads
+    config["threads"] = settings.training.threads or settings.model.threads
     return config
 
 

@@ -82,7 +82,9 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
     assert done.returncode == 0, output[-3000:]
     stages = [
         "capability selected: tool_call_precision", "environment 1 (tool_call_precision): checked",
-        "training run 1 (tool_call_precision v1): running", "candidate ready: tool_call_precision@v1",
+        "training run 1 (tool_call_precision v1): running",
+        "model-driven traffic holds while run 1 trains", "model-driven traffic resumes",
+        "candidate ready: tool_call_precision@v1",
         "tool_call_precision@v1: candidate → approved by admin", "tool_call_precision@v1: approved → canary by promotion",
         "tool_call_precision@v1: canary → live by promotion",
         "model-driven conversations since the adapter went live: done",

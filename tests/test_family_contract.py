@@ -143,9 +143,13 @@ def test_an_unreadable_turn_ends_a_one_call_episode_at_zero(family: Family, tool
         assert any(event.startswith("parse_error:") for event in instance.events)
 
 
-@pytest.mark.parametrize(("family", "tool_set", "reward"), [(ONE_CALL[0], "retail", 0.6), (ONE_CALL[1], "airline", 0.25)], ids=named)
-def test_the_turn_limit_ends_a_one_call_episode(family: Family, tool_set: str, reward: float) -> None:
-    instance = family.instance(TOOL_SETS[tool_set], 1, 1)
+# tool_call_precision's seed 3 is a stated instance (a repeated exact call), seed 1 a lookup one (a repeated read)
+@pytest.mark.parametrize(
+    ("family", "tool_set", "seed", "reward"),
+    [(ONE_CALL[0], "retail", 3, 0.6), (ONE_CALL[0], "retail", 1, 0.4), (ONE_CALL[1], "airline", 1, 0.25)], ids=named,
+)  # fmt: skip
+def test_the_turn_limit_ends_a_one_call_episode(family: Family, tool_set: str, seed: int, reward: float) -> None:
+    instance = family.instance(TOOL_SETS[tool_set], seed, 1)
     first_call = instance.solution()[0]
     instance.reset()
     results = [instance.step(first_call) for _ in range(instance.max_turns)]

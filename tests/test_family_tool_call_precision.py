@@ -1,5 +1,6 @@
-"""The tool_call_precision family on the airline (OpenAI-shaped) and retail (flat) tool sets: the
-request states every gold value, the ground truth always scores 1.0 and every documented partial
+"""The tool_call_precision family on the airline (OpenAI-shaped) and retail (flat) tool sets: a
+stated instance's request states every gold value, a lookup instance's request holds some back
+behind the read it supports, the ground truth always scores 1.0 and every documented partial
 behaviour earns exactly its level (what every family promises is in ``test_family_contract``)."""
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ from typing import Any
 import pytest
 
 from trainer.environment import Environment, assistant_call, assistant_text, load_tools
-from trainer.families.tool_call_precision import ToolCallPrecisionFamily
+from trainer.families.tool_call_precision import LOOKUP_SHARE, ToolCallPrecisionFamily, lookup_reads
 from trainer.simulation import schema_error
 from trainer.world import Values, properties, required
+
+from trainer.families._shared import phrase
 
 from tests.family_support import TOOL_SETS, cases, play, solved
 
@@ -23,6 +26,12 @@ REWARDS = FAMILY.rewards
 CASES = cases(FAMILY)
 
 
+def seeds_of(tool_set: str, difficulty: int, lookup: bool, count: int) -> list[int]:
+    """The first `count` seeds whose instance is a lookup instance (or a stated one)."""
+    found = [seed for seed in range(400) if (FAMILY.instance(TOOLS[tool_set], seed, difficulty).lookup is not None) == lookup]
+    return found[:count]
+
+
 @pytest.mark.parametrize(("tool_set", "difficulty"), CASES)
 def test_solution_scores_one_on_200_seeds(tool_set: str, difficulty: int) -> None:
     for instance, _ in solved(FAMILY, tool_set, difficulty):
@@ -30,8 +39,8 @@ def test_solution_scores_one_on_200_seeds(tool_set: str, difficulty: int) -> Non
 
 
 @pytest.mark.parametrize(("tool_set", "difficulty"), CASES)
-def test_the_request_states_every_gold_value(tool_set: str, difficulty: int) -> None:
-    for seed in range(40):
+def test_a_stated_request_states_every_gold_value(tool_set: str, difficulty: int) -> None:
+    for seed in seeds_of(tool_set, difficulty, False, 40):
         instance = FAMILY.instance(TOOLS[tool_set], seed, difficulty)
         user = instance.reset()[1]["content"]
         for value in instance.gold.values():
@@ -44,6 +53,29 @@ def test_the_request_states_every_gold_value(tool_set: str, difficulty: int) -> 
             if instance.distractor is not None:
                 name, value = instance.distractor
                 assert value != instance.gold[name] and str(value) in user
+
+
+@pytest.mark.parametrize(("tool_set", "difficulty"), CASES)
+def test_a_lookup_request_states_the_reads_ids_and_holds_values_back_in_its_record(tool_set: str, difficulty: int) -> None:
+    share = sum(FAMILY.instance(TOOLS[tool_set], seed, difficulty).lookup is not None for seed in range(200)) / 200
+    assert abs(share - LOOKUP_SHARE) < 0.1
+    for seed in seeds_of(tool_set, difficulty, True, 40):
+        instance = FAMILY.instance(TOOLS[tool_set], seed, difficulty)
+        user = instance.reset()[1]["content"]
+        assert instance.lookup.name != instance.target.name and list(instance.gold) == required(instance.target)
+        assert list(instance.lookup_gold) == required(instance.lookup)
+        for value in instance.lookup_gold.values():
+            assert value in user, (seed, value, user)
+        assert instance.held and set(instance.held) <= set(instance.gold) - set(instance.lookup_gold)
+        for name, value in instance.gold.items():
+            if name in instance.held:
+                assert instance.record[name] == value
+            else:
+                assert (value if isinstance(value, str) else json.dumps(value)) in user, (seed, name, user)
+        # the read the request supports returns the record; the same read with another id does not
+        read = instance.step(assistant_call(instance.lookup.name, instance.lookup_gold)).messages[0]
+        assert json.loads(read["content"]) == instance.record
+        assert all(phrase(name) in instance.hint() for name in instance.held)
 
 
 def test_difficulty_two_adds_distractors() -> None:
@@ -60,19 +92,24 @@ def _wrong_value(instance: Any) -> dict[str, Any]:
         arguments[name] = value
         return arguments
     name = next(key for key, value in arguments.items() if not isinstance(value, bool))
-    schema = properties(instance.target)[name]
+    arguments[name] = _other_value(instance.target, name, arguments[name])
+    return arguments
+
+
+def _other_value(tool: Any, name: str, value: Any) -> Any:
+    """Another schema-valid value for parameter `name` of `tool`."""
+    schema = properties(tool)[name]
     for seed in range(50):
-        value = Values(seed).value(name, schema)
-        if value != arguments[name]:
-            arguments[name] = value
-            return arguments
+        other = Values(seed).value(name, schema)
+        if other != value:
+            return other
     raise AssertionError(f"no other value for {name}")
 
 
 @pytest.mark.parametrize(("tool_set", "difficulty"), CASES)
 def test_each_partial_behaviour_earns_its_documented_reward(tool_set: str, difficulty: int) -> None:
     tools = TOOLS[tool_set]
-    for seed in range(12):
+    for seed in seeds_of(tool_set, difficulty, False, 12):
         fresh = partial(FAMILY.instance, tools, seed, difficulty)
         instance = fresh()
         name, gold = instance.target.name, instance.gold
@@ -106,6 +143,52 @@ def test_each_partial_behaviour_earns_its_documented_reward(tool_set: str, diffi
         assert play(fresh(), [assistant_call(other, {}), assistant_call(name, gold), done])[0] == 0.1
 
 
+def test_every_read_a_lookup_request_supports_is_one_that_returns_the_record() -> None:
+    """When the request states ids for two reads, the held-back values would be unreachable through one
+    of them: those ids go into the record too, unless both reads take the same ids (both serve)."""
+    for tool_set, tools in TOOLS.items():
+        for seed in seeds_of(tool_set, 1, True, 60):
+            instance = FAMILY.instance(tools, seed, 1)
+            stated = {name for name in instance.gold if name not in instance.held} | set(instance.lookup_gold)
+            supported = {tool.name for tool in lookup_reads(tools) if set(required(tool)) <= stated}
+            assert supported <= {tool.name for tool in instance.reads} and instance.lookup in instance.reads, (tool_set, seed)
+    assert any(len(FAMILY.instance(TOOLS["retail"], seed, 1).reads) > 1 for seed in seeds_of("retail", 1, True, 20))
+
+
+@pytest.mark.parametrize(("tool_set", "difficulty"), CASES)
+def test_each_partial_behaviour_of_a_lookup_instance_earns_its_documented_reward(tool_set: str, difficulty: int) -> None:
+    for seed in seeds_of(tool_set, difficulty, True, 12):
+        fresh = partial(FAMILY.instance, TOOLS[tool_set], seed, difficulty)
+        instance = fresh()
+        read, target = instance.lookup.name, instance.target.name
+        lookup, gold = instance.lookup_gold, instance.gold
+        done = assistant_text("Done.")
+        assert play(fresh(), [assistant_call(read, lookup), assistant_call(target, gold), done])[0] == 1.0
+        # another read taking the same ids serves as well, and so do optional arguments its schema allows
+        for other in instance.reads:
+            ids = {name: lookup[name] for name in required(other)}
+            flags = {name: True for name, schema in properties(other).items() if schema.get("type") == "boolean"}
+            reward, replies, _ = play(fresh(), [assistant_call(other.name, {**ids, **flags}), assistant_call(target, gold), done])
+            assert reward == 1.0 and json.loads(replies[0]["content"]) == instance.record, (seed, other.name)
+        assert play(fresh(), [assistant_call(read, lookup), assistant_call(target, gold), assistant_call(read, lookup), done])[0] == 0.6
+        wrong = {**gold, instance.held[0]: _other_value(instance.target, instance.held[0], gold[instance.held[0]])}
+        assert play(fresh(), [assistant_call(read, lookup), assistant_call(target, wrong), done])[0] == 0.6
+        # the read, then nothing, a target call failing its schema, or a repeated read
+        assert play(fresh(), [assistant_call(read, lookup), done])[0] == REWARDS["read_then_no_valid_target_call"] == 0.4
+        assert play(fresh(), [assistant_call(read, lookup), assistant_call(target, {}), done])[0] == 0.4
+        assert play(fresh(), [assistant_call(read, lookup), assistant_call(read, lookup), assistant_call(target, gold), done])[0] == 0.4
+        # the read with another id, or with arguments its schema refuses
+        key = next(iter(lookup))
+        other_id = {**lookup, key: _other_value(instance.lookup, key, lookup[key])}
+        assert play(fresh(), [assistant_call(read, other_id), assistant_call(target, gold), done])[0] == REWARDS["read_with_wrong_value"] == 0.2
+        assert play(fresh(), [assistant_call(read, {}), done])[0] == REWARDS["read_with_invalid_arguments"] == 0.1
+        # the request's tool straight away, even with every value right (it could not know them), or a guess
+        assert play(fresh(), [assistant_call(target, gold), done])[0] == REWARDS["target_before_read"] == 0.1
+        assert play(fresh(), [assistant_call(target, {}), done])[0] == 0.1
+        assert play(fresh(), [assistant_call("transfer_to_human_agents", lookup), done])[0] == 0.0
+        assert play(fresh(), [done])[0] == 0.0
+
+
 def test_results_and_episode_end() -> None:
     instance = FAMILY.instance(TOOLS["airline"], 4, 1)
     instance.reset()
@@ -126,14 +209,15 @@ def test_results_and_episode_end() -> None:
 @pytest.mark.parametrize("tool_set", sorted(TOOLS))
 @pytest.mark.parametrize("arguments", ["[1, 2]", "5", '"text"', "null"])
 def test_non_object_arguments_score_as_invalid(tool_set: str, arguments: str) -> None:
-    instance = FAMILY.instance(TOOLS[tool_set], 2, 1)
+    seed = seeds_of(tool_set, 1, False, 1)[0]
+    instance = FAMILY.instance(TOOLS[tool_set], seed, 1)
     instance.reset()
     name = instance.target.name
     result = instance.step({"role": "assistant", "content": f'<tool_call>{{"name": "{name}", "arguments": {arguments}}}</tool_call>'})
     assert "error" in json.loads(result.messages[0]["content"])
     instance.step(assistant_text("ok"))
     assert instance.reward() == REWARDS["right_tool_invalid_arguments"]
-    other = FAMILY.instance(TOOLS[tool_set], 2, 1)
+    other = FAMILY.instance(TOOLS[tool_set], seed, 1)
     other.reset()
     wrong = next(tool.name for tool in TOOLS[tool_set] if tool.name != name)
     other.step({"role": "assistant", "content": f'<tool_call>{{"name": "{wrong}", "arguments": {arguments}}}</tool_call>'})
@@ -141,7 +225,7 @@ def test_non_object_arguments_score_as_invalid(tool_set: str, arguments: str) ->
 
 
 def test_openai_tool_calls_are_accepted() -> None:
-    instance = FAMILY.instance(TOOLS["airline"], 11, 1)
+    instance = FAMILY.instance(TOOLS["airline"], seeds_of("airline", 1, False, 1)[0], 1)
     message = {
         "role": "assistant",
         "content": None,
