@@ -30,7 +30,7 @@ DEFINITIONS = json.loads((REPO / "tests" / "fixtures" / "tools" / "retail.json")
 FAMILY = load_families()["tool_call_precision"]
 TINY_TRAINING = {
     "steps": 1, "group_size": 2, "groups_per_step": 1, "warm_start_examples": 2, "warm_start_epochs": 1,
-    "eval_seeds": 3, "eval_margin": 0.0, "eval_interference": False, "save_steps": 1,
+    "warm_start_batch": 1, "eval_seeds": 3, "eval_margin": 0.0, "eval_interference": False, "save_steps": 1,
 }  # fmt: skip
 
 
@@ -62,6 +62,7 @@ def test_a_planted_gap_ends_as_a_verified_candidate_adapter_with_no_manual_step(
     assert environment["status"] == "rejected" and all(a["verdict"] == "too_weak" for a in environment["validation"]["attempts"])
     assert [item["status"] for item in runs] == ["candidate"], runs
     assert run["config"]["warm_start_examples"] == 2 and run["result"]["training"]["warm_start"]["examples"] == 2
+    assert run["result"]["training"]["warm_start"]["updates"] == 2  # one demonstration per update, as configured
     assert run["result"]["training"]["recipe"] == "sft+grpo"  # a warm start, then GRPO steps
     assert [record["step"] for record in run["progress"]] == [1]
     assert {"mean_reward", "success_rate", "zero_variance_groups", "loss", "elapsed_s"} <= set(run["progress"][0])

@@ -61,6 +61,7 @@ class TrainConfig:
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     warm_start_examples: int = 0  # ground-truth demonstrations for the warm start; 0 = none
     warm_start_epochs: int = 2
+    warm_start_batch: int = 2  # demonstrations per update (one per forward pass, gradients accumulated)
     warm_start_learning_rate: float = 1e-3
     save_steps: int = 5
     seed: int = 0
@@ -196,10 +197,10 @@ def warm_start(model: Any, tokenizer: Any, environment: Environment, config: Tra
     arguments = SFTConfig(
         output_dir=str(output_dir / "warm_start"),
         num_train_epochs=config.warm_start_epochs,
-        # One demonstration per forward pass, four per update: an agent's tool definitions make
-        # prompts of thousands of tokens, and a batch of their logits does not fit the memory limit.
+        # One demonstration per forward pass, `warm_start_batch` per update: an agent's tool definitions
+        # make prompts of thousands of tokens, and a batch of their logits does not fit the memory limit.
         per_device_train_batch_size=1,
-        gradient_accumulation_steps=4,
+        gradient_accumulation_steps=config.warm_start_batch,
         learning_rate=config.warm_start_learning_rate,
         lr_scheduler_type="constant",
         logging_steps=1,
@@ -215,7 +216,10 @@ def warm_start(model: Any, tokenizer: Any, environment: Environment, config: Tra
     trainer = SFTTrainer(model=model, args=arguments, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     trainer.remove_callback(PrinterCallback)  # progress is reported by the caller, not printed
     result = trainer.train()
-    return {"examples": len(rows), "epochs": config.warm_start_epochs, "loss": round(result.training_loss, 4)}
+    return {
+        "examples": len(rows), "epochs": config.warm_start_epochs, "batch": config.warm_start_batch,
+        "updates": result.global_step, "loss": round(result.training_loss, 4),
+    }  # fmt: skip
 
 
 def _has_cuda() -> bool:
