@@ -66,6 +66,11 @@ def _rate(record: dict[str, Any] | None) -> str:
     return f"{record['rate']:.2f} [{low:.2f}, {high:.2f}] ({record['count']}/{record['total']})"
 
 
+def _share(value: float | None, spec: str = ".0%") -> str:
+    """A statistic that may be undefined (ER+ with no successful run to come from): n/a."""
+    return "n/a" if value is None else format(value, spec)
+
+
 def _score(score: dict[str, Any]) -> str:
     low, high = score["success_interval"]
     return f"{score['success_rate']:.2f} [{low:.2f}, {high:.2f}] on {score['seeds']} seeds, mean reward {score['mean_reward']:.2f}"
@@ -78,16 +83,17 @@ def render(report: dict[str, Any], command: str) -> str:
     lines += [
         f"Run of {report['seconds'] / 60:.1f} min (`--fast`: {report['settings']['fast']}, traffic {report['settings']['policy']} at "
         f"{report['settings']['rate']} conversations/s); training: warm start {training['warm_start_examples']} demonstrations × "
-        f"{training['warm_start_epochs']} epochs at learning rate {training['warm_start_learning_rate']:g}, {training['steps']} GRPO steps, "
-        f"{training['eval_seeds']} held-out seeds.",
+        f"{training['warm_start_epochs']} epochs, {training.get('warm_start_batch', 4)} per update, at learning rate "
+        f"{training['warm_start_learning_rate']:g}, {training['steps']} GRPO steps, {training['eval_seeds']} held-out seeds; "
+        f"the model-driven traffic {'waits' if report['settings'].get('hold_while_training') else 'goes on'} while an adapter trains.",
         "",
         "| what | measured |",
         "|---|---|",
     ]
     for name, stats in report["selected"].items():
         lines.append(
-            f"| gap selected: `{name}` | Δ {stats.get('delta', 0):.2f}, coverage {stats.get('coverage', 0):.2f}: LACKING in "
-            f"{stats.get('er_minus', 0):.0%} of failed runs that need it vs {stats.get('er_plus', 0):.0%} of successful ones |"
+            f"| gap selected: `{name}` | Δ {_share(stats.get('delta'), '.2f')}, coverage {_share(stats.get('coverage'), '.2f')}: "
+            f"LACKING in {_share(stats.get('er_minus'))} of failed runs that need it vs {_share(stats.get('er_plus'))} of successful ones |"
         )
     for name, evaluation in report["candidates"].items():
         target = evaluation["target"]

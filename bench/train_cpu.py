@@ -63,6 +63,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
         max_new_tokens=arguments.max_new_tokens,
         warm_start_examples=arguments.warm_start,
         warm_start_epochs=arguments.warm_start_epochs,
+        warm_start_batch=arguments.warm_start_batch,
         warm_start_learning_rate=arguments.warm_start_lr,
         learning_rate=arguments.learning_rate,
         hint_share=arguments.hint_share,
@@ -76,6 +77,12 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
     with model.disable_adapter():
         base = score(model, tokenizer, target, seeds, sampling)
     adapter = score(model, tokenizer, target, seeds, sampling)
+    # Families with several kinds of instance (tool_call_precision: stated, lookup): the adapter on each.
+    kinds: dict[str, list[int]] = {}
+    for seed in seeds:
+        kind = getattr(target.instance(seed), "kind", None)
+        if kind is not None:
+            kinds.setdefault(kind, []).append(seed)
     result: dict[str, Any] = {
         "capability": arguments.capability,
         "tools": arguments.tools,
@@ -88,6 +95,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
         "rollouts_per_s": round(report["rollouts"] / report["steps"][-1]["elapsed_s"], 3) if report["steps"] else 0.0,
         "base": base,
         "adapter": adapter,
+        "adapter_by_kind": {kind: score(model, tokenizer, target, chosen, sampling) for kind, chosen in kinds.items()} if len(kinds) > 1 else {},
         "gain_points": round(100 * (adapter.success_rate - base.success_rate), 1),
         "wall_seconds": round(time.monotonic() - started, 1),
     }
@@ -119,6 +127,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--warm-start", type=int, default=48, help="ground-truth demonstrations for the warm start")
     parser.add_argument("--warm-start-epochs", type=int, default=2)
+    parser.add_argument("--warm-start-batch", type=int, default=2, help="demonstrations per warm-start update")
     parser.add_argument("--warm-start-lr", type=float, default=1e-3)
     parser.add_argument("--learning-rate", type=float, default=1e-4)
     parser.add_argument("--hint-share", type=float, default=0.0)

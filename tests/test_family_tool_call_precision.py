@@ -42,6 +42,7 @@ def test_solution_scores_one_on_200_seeds(tool_set: str, difficulty: int) -> Non
 def test_a_stated_request_states_every_gold_value(tool_set: str, difficulty: int) -> None:
     for seed in seeds_of(tool_set, difficulty, False, 40):
         instance = FAMILY.instance(TOOLS[tool_set], seed, difficulty)
+        assert instance.kind == "stated"
         user = instance.reset()[1]["content"]
         for value in instance.gold.values():
             shown = value if isinstance(value, str) else json.dumps(value)
@@ -62,7 +63,8 @@ def test_a_lookup_request_states_the_reads_ids_and_holds_values_back_in_its_reco
     for seed in seeds_of(tool_set, difficulty, True, 40):
         instance = FAMILY.instance(TOOLS[tool_set], seed, difficulty)
         user = instance.reset()[1]["content"]
-        assert instance.lookup.name != instance.target.name and list(instance.gold) == required(instance.target)
+        assert instance.kind == "lookup" and instance.lookup.name != instance.target.name
+        assert list(instance.gold) == required(instance.target)
         assert list(instance.lookup_gold) == required(instance.lookup)
         for value in instance.lookup_gold.values():
             assert value in user, (seed, value, user)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -45,7 +45,7 @@ class Score:
         )
 
 
-def score(model: Any, tokenizer: Any, environment: Environment, seeds: range, sampling: Sampling, batch: int = 16) -> Score:
+def score(model: Any, tokenizer: Any, environment: Environment, seeds: Sequence[int], sampling: Sampling, batch: int = 16) -> Score:
     """Greedy rollouts on ``seeds``, ``batch`` episodes per lockstep pass."""
     greedy = Sampling(sampling.max_new_tokens, 0.0, max_turns=sampling.max_turns, max_length=sampling.max_length)
     rewards: list[float] = []

@@ -259,6 +259,11 @@ class ToolCallPrecisionInstance(ToolUseInstance):
         self.calls.extend([*parsed.calls, *[None] * (attempts - len(parsed.calls))])
         return parsed
 
+    @property
+    def kind(self) -> str:
+        """``stated`` or ``lookup``: which of the family's two kinds of instance this is."""
+        return "stated" if self.lookup is None else "lookup"
+
     def reads_record(self, call: ToolCall) -> bool:
         """Whether `call` is a read the request supports, with its ids as given (optional arguments
         its schema allows may come along)."""
