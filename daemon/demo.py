@@ -39,7 +39,7 @@ DEMO: dict[str, dict[str, Any]] = {
     # Warm start only: on two cores GRPO steps over 1,200-token openings take minutes each and
     # the demonstrations teach what the 135M model lacks (docs/performance.md).
     "training": {
-        "steps": 0, "group_size": 4, "groups_per_step": 2, "warm_start_examples": 48, "warm_start_epochs": 2,
+        "steps": 0, "group_size": 4, "groups_per_step": 2, "warm_start_examples": 96, "warm_start_epochs": 2,
         "eval_seeds": 16, "eval_interference": False, "save_steps": 2, "threads": 2,
     },  # fmt: skip
     # The router gets one thread; the trainer both, since the model-driven traffic holds while it trains.

@@ -23,9 +23,9 @@ def test_demo_settings_never_override_the_users_file_or_environment(tmp_path: Pa
     settings, variables = layered_settings(config, fast=False, environ=environ)
     assert settings.promotion.canary_min_trajectories == 7  # the file wins
     assert settings.analysis.interval_s == 42  # the environment wins
-    assert settings.training.warm_start_examples == 48 and settings.promotion.canary_fraction == 0.5  # demo defaults
+    assert settings.training.warm_start_examples == 96 and settings.promotion.canary_fraction == 0.5  # demo defaults
     assert "TRACEFIX_PROMOTION_CANARY_MIN_TRAJECTORIES" not in variables and "TRACEFIX_ANALYSIS_INTERVAL_S" not in variables
-    assert variables["TRACEFIX_TRAINING_WARM_START_EXAMPLES"] == "48"
+    assert variables["TRACEFIX_TRAINING_WARM_START_EXAMPLES"] == "96"
 
 
 def test_fast_settings_skip_the_gate_and_train_on_fewer_demonstrations(tmp_path: Path) -> None:
