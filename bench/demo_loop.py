@@ -24,6 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from daemon.demo import number_text, share_text  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- demo_loop:begin -->", "<!-- demo_loop:end -->"
 
@@ -66,11 +70,6 @@ def _rate(record: dict[str, Any] | None) -> str:
     return f"{record['rate']:.2f} [{low:.2f}, {high:.2f}] ({record['count']}/{record['total']})"
 
 
-def _share(value: float | None, spec: str = ".0%") -> str:
-    """A statistic that may be undefined (ER+ with no successful run to come from): n/a."""
-    return "n/a" if value is None else format(value, spec)
-
-
 def _score(score: dict[str, Any]) -> str:
     low, high = score["success_interval"]
     return f"{score['success_rate']:.2f} [{low:.2f}, {high:.2f}] on {score['seeds']} seeds, mean reward {score['mean_reward']:.2f}"
@@ -92,8 +91,8 @@ def render(report: dict[str, Any], command: str) -> str:
     ]
     for name, stats in report["selected"].items():
         lines.append(
-            f"| gap selected: `{name}` | Δ {_share(stats.get('delta'), '.2f')}, coverage {_share(stats.get('coverage'), '.2f')}: "
-            f"LACKING in {_share(stats.get('er_minus'))} of failed runs that need it vs {_share(stats.get('er_plus'))} of successful ones |"
+            f"| gap selected: `{name}` | Δ {number_text(stats.get('delta'))}, coverage {number_text(stats.get('coverage'))}: "
+            f"LACKING in {share_text(stats.get('er_minus'))} of failed runs that need it vs {share_text(stats.get('er_plus'))} of successful ones |"
         )
     for name, evaluation in report["candidates"].items():
         target = evaluation["target"]

@@ -165,12 +165,13 @@ class Traffic(threading.Thread):
             self.batches += 1
 
 
-def _number(value: float | None) -> str:
+def number_text(value: float | None) -> str:
     """A statistic as the narration prints it; None (no run to compute it from) as n/a."""
     return "n/a" if value is None else f"{value:.2f}"
 
 
-def _share(value: float | None) -> str:
+def share_text(value: float | None) -> str:
+    """A rate as a percentage; None as n/a."""
     return "n/a" if value is None else f"{value:.0%}"
 
 
@@ -234,8 +235,8 @@ class Narrator:
             self.selected.setdefault(item["name"], stats)
             self.event(
                 f"selected:{item['name']}",
-                f"capability selected: {item['name']} — Δ {_number(stats.get('delta'))}, coverage {_number(stats.get('coverage'))} "
-                f"(lacking in {_share(stats.get('er_minus'))} of failed runs that need it vs {_share(stats.get('er_plus'))} of successful ones)",
+                f"capability selected: {item['name']} — Δ {number_text(stats.get('delta'))}, coverage {number_text(stats.get('coverage'))} "
+                f"(lacking in {share_text(stats.get('er_minus'))} of failed runs that need it vs {share_text(stats.get('er_plus'))} of successful ones)",
             )  # fmt: skip
         moving = [f"{item['name']}: {item['state']}" for item in capabilities if item["state"] not in ("healthy",)]
         self.rows["capabilities"] = ", ".join(moving) or "all healthy so far"
@@ -271,7 +272,7 @@ class Narrator:
             steps = run["config"].get("steps", 0)
             last = progress[-1] if progress else {}
             self.rows["training"] = (
-                f"run {run['run_id']}: step {last.get('step', 0)}/{steps}, reward {_number(last.get('mean_reward'))}, "
+                f"run {run['run_id']}: step {last.get('step', 0)}/{steps}, reward {number_text(last.get('mean_reward'))}, "
                 f"{last.get('elapsed_s', 0):.0f} s" if progress else f"run {run['run_id']}: warm start and first rollouts"
             )
         else:
@@ -296,8 +297,8 @@ class Narrator:
                 report = judged[adapter["adapter_id"]]
                 own, reference = report.get("adapter", {}), report.get("reference", {})
                 self.rows[f"{name} ({state})"] = (
-                    f"failure {_number(own.get('rate'))} {own.get('interval')} on {own.get('total', 0)} routed vs "
-                    f"{reference.get('name')} {_number(reference.get('rate'))} {reference.get('interval')} on {reference.get('total', 0)}"
+                    f"failure {number_text(own.get('rate'))} {own.get('interval')} on {own.get('total', 0)} routed vs "
+                    f"{reference.get('name')} {number_text(reference.get('rate'))} {reference.get('interval')} on {reference.get('total', 0)}"
                     f" (verdict after {report.get('needed')})"
                 )
             if state == "live" and self.tally.live_since is None:

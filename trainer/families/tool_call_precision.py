@@ -186,8 +186,6 @@ class ToolCallPrecisionInstance(ToolUseInstance):
                 ).format(p=phrase(name), v=spoken(value))
                 parts.insert(rng.choice((1, 3)), sentence)
         self.user_text = " ".join(part for part in parts if part)
-        self.outcome: float | None = None  # the score of the first call attempt (stated instances)
-        self.attempts = 0
         self.calls: list[ToolCall | None] = []  # every call attempt in order (None: unreadable)
 
     def _hold_back(self, lookup: Tool) -> dict[str, Any]:
@@ -199,13 +197,14 @@ class ToolCallPrecisionInstance(ToolUseInstance):
             self.lookup_gold[name] = self.gold[name] if shared else self.values.identifier(name, properties(lookup)[name])
         own = [name for name in self.gold if name not in self.lookup_gold]
         self.held = [name for name in own if rng.random() < 0.5] or [rng.choice(own)]
+        reads = lookup_reads(self.tools)
         # Only one read may be supported by the request: ids another read takes go into the record too.
-        for other in lookup_reads(self.tools):
+        for other in reads:
             needs = required(other)
             if other.name != lookup.name and all(name in self.gold and name not in self.held for name in needs):
                 self.held += [name for name in needs if name in own and name not in self.held]
         # Reads taking the same ids (``find_order`` and ``list_order_items`` by order number) serve as well.
-        self.reads = [read for read in lookup_reads(self.tools) if set(required(read)) <= set(self.lookup_gold)]
+        self.reads = [read for read in reads if set(required(read)) <= set(self.lookup_gold)]
         key = required(lookup)[0]
         self.record = self.values.record(entity_of(key), self.lookup_gold[key], extra=2, key=key)
         self.record.update(self.lookup_gold)
@@ -249,14 +248,9 @@ class ToolCallPrecisionInstance(ToolUseInstance):
         return rewards["exact_call"]
 
     def _read(self, assistant: Message) -> ParsedTurn:
-        """The turn's calls and text; the episode's first call attempt (the only one scored in a stated
-        instance) gets its score here, and every attempt is kept in order for a lookup instance."""
+        """The turn's calls and text; every call attempt is kept in order for the reward."""
         parsed = super()._read(assistant)
-        attempts = call_attempts(parsed)
-        if attempts and self.outcome is None:
-            self.outcome = self.score(parsed.calls[0]) if parsed.calls else ToolCallPrecisionFamily.rewards["no_valid_call"]
-        self.attempts += attempts
-        self.calls.extend([*parsed.calls, *[None] * (attempts - len(parsed.calls))])
+        self.calls.extend([*parsed.calls, *[None] * (call_attempts(parsed) - len(parsed.calls))])
         return parsed
 
     @property
@@ -285,11 +279,11 @@ class ToolCallPrecisionInstance(ToolUseInstance):
         rewards = ToolCallPrecisionFamily.rewards
         if self.lookup is not None:
             return self._lookup_reward()
-        if self.outcome is None:
-            return rewards["no_valid_call"]
-        if self.outcome == rewards["exact_call"] and self.attempts > 1:
+        first = self.calls[0] if self.calls else None
+        outcome = self.score(first) if first is not None else rewards["no_valid_call"]
+        if outcome == rewards["exact_call"] and len(self.calls) > 1:
             return rewards["exact_call_then_extra_calls"]
-        return self.outcome
+        return outcome
 
     def _lookup_reward(self) -> float:
         """The read first, exactly; then the first call after it, scored like a stated instance's call."""
