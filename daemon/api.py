@@ -202,6 +202,10 @@ def create_api(daemon: Daemon) -> FastAPI:
         """The router's routing table (mode, live versions, canary splits), per canary or live
         adapter its routed failure rate and verdict so far, and the token-level gate's training state. `router` is null with `router_error`
         when the router cannot be reached."""
+        # The gate's state first: it says "serving" only once the router took the gate, so a table read
+        # after it is never older than the state (read the other way round, a switch in between showed
+        # a serving gate next to the router's previous one).
+        gate = daemon.gates.state() or None
         try:
             table, error = daemon.router_admin.routing(), None
         except RouterError as failure:
@@ -212,7 +216,7 @@ def create_api(daemon: Daemon) -> FastAPI:
             for state in ("canary", "live") for item in daemon.promotion.in_state(state)
         ]  # fmt: skip
         return {
-            "router": table, "router_error": error, "adapters": judged, "gate": daemon.gates.state() or None,
+            "router": table, "router_error": error, "adapters": judged, "gate": gate,
             **served(daemon.store, window_s), "latency": routing_latency(f"{daemon.router_admin.base_url}/metrics"),
         }  # fmt: skip
 
