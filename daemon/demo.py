@@ -175,14 +175,34 @@ def share_text(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
 
 
+def environment_text(item: dict[str, Any], warm_start: bool = True) -> str:
+    """An environment's status, with what the validation gate measured once it decided; with
+    `warm_start` ([training] warm_start_examples > 0), an environment too hard for the base is
+    trained anyway, starting from its own solutions."""
+    validation = item.get("validation") if isinstance(item.get("validation"), dict) else {}
+    attempts = [attempt for attempt in validation.get("attempts") or [] if isinstance(attempt, dict)]
+    if item["status"] not in ("validated", "rejected") or not attempts:
+        return item["status"]
+    passed = [attempt for attempt in attempts if attempt.get("verdict") == "ok"]
+    best = passed[0] if passed else max(attempts, key=lambda attempt: attempt.get("mean") or 0.0)
+    measured = f"base mean reward {number_text(best.get('mean'))} on {validation.get('rollouts', '?')} rollouts"
+    if item["status"] == "validated":
+        return f"validated ({measured}, hint share {number_text(validation.get('hint_share'))})"
+    verdicts = sorted({str(attempt.get("verdict")) for attempt in attempts})
+    if verdicts == ["too_weak"] and warm_start:
+        return f"too hard for the base model ({measured}): training starts with a warm start on its solutions"
+    return f"rejected by the validation gate: {', '.join(verdicts)} ({measured})"
+
+
 class Narrator:
     """Reads the daemon API, prints one line per new event and keeps a status table current."""
 
     def __init__(
         self, client: DaemonClient, tally: Tally, auto_approve: bool, dashboard_url: str, say: Callable[[str], None],
-        hold: threading.Event | None = None,
+        hold: threading.Event | None = None, warm_start: bool = True,
     ) -> None:  # fmt: skip
         self.client = client
+        self.warm_start = warm_start  # an environment too hard for the base still trains (from its solutions)
         self.hold = hold  # when given: set while a run trains before any adapter serves (the model-driven traffic waits)
         self.tally = tally
         self.auto_approve = auto_approve
@@ -243,7 +263,10 @@ class Narrator:
 
     def _environments(self, environments: list[dict[str, Any]]) -> None:
         for item in environments:
-            self.event(f"environment:{item['environment_id']}:{item['status']}", f"environment {item['environment_id']} ({item['family']}): {item['status']}")
+            self.event(
+                f"environment:{item['environment_id']}:{item['status']}",
+                f"environment {item['environment_id']} ({item['family']}): {environment_text(item, self.warm_start)}",
+            )
         if environments:
             latest = environments[0]
             self.rows["environment"] = f"{latest['family']}: {latest['status']}"
@@ -388,7 +411,10 @@ def run(
     tally = Tally()
     traffic = Traffic(settings, tally, policy, rate)
     client = DaemonClient(settings)
-    narrator = Narrator(client, tally, auto_approve, dashboard_url, say, traffic.hold if hold_while_training else None)
+    narrator = Narrator(
+        client, tally, auto_approve, dashboard_url, say, traffic.hold if hold_while_training else None,
+        settings.training.warm_start_examples > 0,
+    )  # fmt: skip
     deadline = time.monotonic() + minutes * 60 if minutes else None
     console = Console(stderr=True)
     if not stack.stopping.is_set():

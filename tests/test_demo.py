@@ -130,3 +130,30 @@ def test_a_capability_selected_without_successes_to_compare_is_narrated_not_fata
         "(lacking in 100% of failed runs that need it vs n/a of successful ones)"
     ]
     assert narrator.rows["capabilities"] == "precondition_verification: gap_detected"
+
+
+@pytest.mark.parametrize(
+    ("status", "verdicts", "warm_start", "expected"),
+    [
+        ("rejected", ["too_weak", "too_weak"], True,
+         "too hard for the base model (base mean reward 0.05 on 8 rollouts): training starts with a warm start on its solutions"),
+        ("rejected", ["too_weak"], False, "rejected by the validation gate: too_weak (base mean reward 0.05 on 8 rollouts)"),
+        ("rejected", ["too_weak", "no_variance"], True,
+         "rejected by the validation gate: no_variance, too_weak (base mean reward 0.05 on 8 rollouts)"),
+        ("validated", ["too_strong", "ok"], True, "validated (base mean reward 0.01 on 8 rollouts, hint share 0.25)"),
+        ("checked", [], True, "checked"),
+    ],
+)  # fmt: skip
+def test_an_environment_is_narrated_with_what_the_gate_measured(
+    status: str, verdicts: list[str], warm_start: bool, expected: str
+) -> None:
+    """A rejected environment is not a dead end when the warm start is on: the narration says why the
+    gate decided and what happens next, instead of a bare status."""
+    from daemon.demo import Narrator, Tally
+
+    lines: list[str] = []
+    narrator = Narrator(None, Tally(), False, "http://127.0.0.1:8501", lines.append, warm_start=warm_start)  # type: ignore[arg-type]
+    attempts = [{"verdict": verdict, "mean": 0.05 if index == 0 else 0.01} for index, verdict in enumerate(verdicts)]
+    validation = {"attempts": attempts, "rollouts": 8, "hint_share": 0.25} if attempts else None
+    narrator._environments([{"environment_id": 3, "family": "tool_call_precision", "status": status, "validation": validation}])
+    assert lines == [f"environment 3 (tool_call_precision): {expected}"]
