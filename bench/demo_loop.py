@@ -102,6 +102,11 @@ def render(report: dict[str, Any], command: str) -> str:
     if lacking:
         capability = report["capability"]
         lines.append(f"| `{capability}` lacking on live traffic, before → after | {_rate(lacking.get('before'))} → {_rate(lacking.get('after'))} |")
+    if failure.get("canary"):  # reports from before the canary was counted apart have none
+        lines.append(
+            f"| during the canary (a share routed to the adapter): task failure, `{report.get('capability')}` lacking | "
+            f"{_rate(failure.get('canary'))}, {_rate(lacking.get('canary'))} |"
+        )
     lines += ["", "| at | stage |", "|---|---|"]
     for event in report["timeline"]:
         line = event["line"].replace("|", "\\|")

@@ -22,7 +22,7 @@ from daemon.auth import bearer_matches, stored_token
 from daemon.promotion import IllegalTransition, NotFound
 from daemon.routing_stats import routing_latency, served
 from daemon.router_client import RouterError
-from daemon.registry import read_progress
+from daemon.registry import grpo_steps, read_progress
 
 if TYPE_CHECKING:
     from daemon.service import Daemon
@@ -168,11 +168,14 @@ def create_api(daemon: Daemon) -> FastAPI:
 
     @api.get("/api/runs")
     def runs(capability: str | None = None) -> dict[str, Any]:
-        """Training runs, newest first, each with its latest progress record."""
+        """Training runs, newest first, each with its latest GRPO step record (``progress``) and its
+        latest record of any phase (``latest``: a warm-start update, a GRPO step, an evaluation part)."""
         items = daemon.adapter_registry.runs(capability)
         for item in items:
             history = read_progress(item["directory"])
-            item["progress"] = history[-1] if history else None
+            steps = grpo_steps(history)
+            item["progress"] = steps[-1] if steps else None
+            item["latest"] = history[-1] if history else None
         return {"items": items}
 
     @api.get("/api/runs/{run_id}")

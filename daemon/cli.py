@@ -631,9 +631,17 @@ def train(
         task = bar.add_task(f"training {capability}", total=max(request["training"]["steps"], 1), status="warm start / loading")
 
         def progress(record: dict[str, Any]) -> None:
-            status = (f"reward {record['mean_reward']:.2f}  success {record['success_rate']:.0%}  "
-                      f"zero-variance groups {record['zero_variance_groups']}/{record['groups']}  loss {record['loss']:.4f}")  # fmt: skip
-            bar.update(task, completed=record["step"], status=status)
+            phase = record.get("phase", "grpo")
+            if phase == "warm_start":
+                bar.update(task, description=f"warm start {capability}", total=record["max_steps"], completed=record["step"],
+                           status=f"loss {record['loss']:.4f}")  # fmt: skip
+            elif phase == "evaluation":
+                bar.update(task, description=f"evaluating {capability}", status=record["part"])
+            else:
+                status = (f"reward {record['mean_reward']:.2f}  success {record['success_rate']:.0%}  "
+                          f"zero-variance groups {record['zero_variance_groups']}/{record['groups']}  loss {record['loss']:.4f}")  # fmt: skip
+                bar.update(task, description=f"training {capability}", total=max(request["training"]["steps"], 1),
+                           completed=record["step"], status=status)  # fmt: skip
 
         try:
             result = run_training(request, run_dir, progress)

@@ -26,6 +26,7 @@ from typing import Any
 
 from daemon.client import ApiError, DaemonClient, DaemonUnavailable
 from daemon.intervals import wilson
+from daemon.registry import progress_text
 from daemon.settings import ENV_PREFIX, Settings, load_settings
 from daemon.supervisor import loopback
 
@@ -76,16 +77,24 @@ def layered_settings(config_path: Path | None, fast: bool, environ: dict[str, st
 @dataclass(slots=True)
 class Tally:
     """The model-driven conversations the example agent finished (the ones an adapter can change),
-    split at the moment an adapter went live: conversation id -> success."""
+    conversation id -> success: `before` an adapter served any of them (the base alone), during its
+    `canary` (a share routed to it) and `after` it went live."""
 
     before: dict[str, bool] = field(default_factory=dict)
+    canary: dict[str, bool] = field(default_factory=dict)
     after: dict[str, bool] = field(default_factory=dict)
+    canary_since: float | None = None
     live_since: float | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, conversation_id: str, success: bool) -> None:
         with self.lock:
-            (self.after if self.live_since is not None else self.before)[conversation_id] = success
+            if self.live_since is not None:
+                self.after[conversation_id] = success
+            elif self.canary_since is not None:
+                self.canary[conversation_id] = success
+            else:
+                self.before[conversation_id] = success
 
     @staticmethod
     def failures(outcomes: dict[str, bool]) -> tuple[int, int]:
@@ -245,7 +254,8 @@ class Narrator:
         self._adapters(adapters, routing)
         self._decisions(audit, {item["adapter_id"]: f"{item['capability']}@v{item['version']}" for item in adapters})
         self.rows["model-driven failure rate"] = (
-            f"before the adapter {self.tally.failure_rate(self.tally.before)} · after {self.tally.failure_rate(self.tally.after)}"
+            f"before the adapter {self.tally.failure_rate(self.tally.before)} · canary {self.tally.failure_rate(self.tally.canary)}"
+            f" · after {self.tally.failure_rate(self.tally.after)}"
         )
 
     def _capabilities(self, capabilities: list[dict[str, Any]]) -> None:
@@ -292,12 +302,8 @@ class Narrator:
         if run["status"] == "running":
             detail = self.client.get(f"/api/runs/{run['run_id']}")
             progress = detail.get("progress") or []
-            steps = run["config"].get("steps", 0)
-            last = progress[-1] if progress else {}
-            self.rows["training"] = (
-                f"run {run['run_id']}: step {last.get('step', 0)}/{steps}, reward {number_text(last.get('mean_reward'))}, "
-                f"{last.get('elapsed_s', 0):.0f} s" if progress else f"run {run['run_id']}: warm start and first rollouts"
-            )
+            where = progress_text(progress[-1], run["config"].get("steps")) if progress else "loading the model"
+            self.rows["training"] = f"run {run['run_id']}: {where}"
         else:
             self.rows["training"] = f"run {run['run_id']}: {run['status']}"
 
@@ -324,10 +330,16 @@ class Narrator:
                     f"{reference.get('name')} {number_text(reference.get('rate'))} {reference.get('interval')} on {reference.get('total', 0)}"
                     f" (verdict after {report.get('needed')})"
                 )
+            if state == "canary" and self.tally.canary_since is None:
+                self.tally.canary_since = time.time()
+                self.say(f"{name} is in canary: the conversations until it goes live are counted apart, not as 'before'")
             if state == "live" and self.tally.live_since is None:
                 self.tally.live_since = time.time()
                 self.live = adapter["capability"]
                 self.say(f"{name} is live: the agent's conversations from now on count as 'after'")
+
+        if self.tally.live_since is None and not any(adapter["state"] in ("canary", "live") for adapter in adapters):
+            self.tally.canary_since = None  # the canary ended without going live: the base alone serves again
 
     def _decisions(self, audit: list[dict[str, Any]], names: dict[int, str]) -> None:
         """Every human and automatic decision, oldest first, as the audit log records it."""
@@ -357,17 +369,15 @@ class Narrator:
             time.sleep(5)
 
     def measured(self) -> dict[str, Any]:
-        """Before vs after the adapter on the panel's conversations: task failure and, for the
-        capability that went live (else the first selected), the lacking rate."""
-        before, after = dict(self.tally.before), dict(self.tally.after)
-        result: dict[str, Any] = {
-            "failure": {"before": rate_record(*Tally.failures(before)), "after": rate_record(*Tally.failures(after))}
-        }
+        """Before vs after the adapter on the panel's conversations (and during its canary): task
+        failure and, for the capability that went live (else the first selected), the lacking rate."""
+        periods = {"before": dict(self.tally.before), "canary": dict(self.tally.canary), "after": dict(self.tally.after)}
+        result: dict[str, Any] = {"failure": {period: rate_record(*Tally.failures(outcomes)) for period, outcomes in periods.items()}}
         capability = self.live or next(iter(self.selected), None)
         if capability is not None:
             try:
                 result["capability"] = capability
-                result["lacking"] = {"before": rate_record(*self.lacking(capability, before)), "after": rate_record(*self.lacking(capability, after))}
+                result["lacking"] = {period: rate_record(*self.lacking(capability, outcomes)) for period, outcomes in periods.items()}
             except (DaemonUnavailable, ApiError) as error:
                 result["lacking_error"] = str(error)
         return result
@@ -454,12 +464,18 @@ def run(
     traffic.stopping.set()
     say("stopping …")
     traffic.join(120)  # its conversations in flight finish and their spans go out before the collector stops
-    say(f"model-driven failure rate before the adapter: {tally.failure_rate(tally.before)}; after: {tally.failure_rate(tally.after)}")
+    say(
+        f"model-driven failure rate before the adapter: {tally.failure_rate(tally.before)}; after: {tally.failure_rate(tally.after)}"
+        f" (during the canary: {tally.failure_rate(tally.canary)})"
+    )
     if not stack.stopping.is_set():  # the daemon is still up: read its labels of the same conversations
         measured = narrator.measured()
         if "lacking" in measured:
             lacking = {side: rate_text(value["count"], value["total"]) for side, value in measured["lacking"].items()}
-            say(f"{measured['capability']} lacking before the adapter: {lacking['before']}; after: {lacking['after']}")
+            say(
+                f"{measured['capability']} lacking before the adapter: {lacking['before']}; after: {lacking['after']}"
+                f" (during the canary: {lacking['canary']})"
+            )
         if report is not None:
             document = {
                 "settings": {

@@ -217,7 +217,7 @@ def test_pipeline_page_shows_validation_figures_a_sampled_instance_and_training_
     assert set(runs["capability"]) == set(CANDIDATES) and set(runs["step"]) == {f"{STEPS} / {STEPS}"}
     metrics = {metric.label: metric.value for metric in test.metric}
     assert metrics["mean reward"] == f"{_progress(STEPS)['mean_reward']:.2f}"
-    assert metrics["elapsed"] == f"{_progress(STEPS)['elapsed_s']:.0f} s"
+    assert metrics["elapsed in this phase"] == f"{_progress(STEPS)['elapsed_s']:.0f} s"
     specs = _chart_specs(test)
     assert any("mean reward" in spec and "success rate" in spec for spec in specs)
     assert any("zero variance" in spec for spec in specs)
@@ -498,7 +498,7 @@ def _screenshot(driver: Any, name: str, directory: Path) -> None:
 PAGES = (
     ("", "health", ("Capability health", "precondition_verification", "Lacking rate: failed vs successful runs")),
     ("evidence", "evidence", ("LACKING ·", "PRESENT ·", "Evidence:", "tool call")),
-    ("pipeline", "pipeline", ("Environments", "Validation passed", "Sampled instance", "Training runs", "step 8 of 8")),
+    ("pipeline", "pipeline", ("Environments", "Validation passed", "Sampled instance", "Training runs", "GRPO step 8/8")),
     ("adapters", "adapters", ("Candidates", "tool_call_precision@v1", "Audit log")),
     ("routing", "routing", ("Serving versions", "Router")),
 )

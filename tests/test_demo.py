@@ -94,6 +94,8 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
     before, _, after = output.rpartition("model-driven failure rate before the adapter: ")[2].partition("; after: ")
     assert before.split(" on ")[1].strip().isdigit() and int(after.split(" on ")[1].split()[0]) >= 3, output[-1000:]
     assert "tool_call_precision lacking before the adapter: " in output, output[-1000:]
+    # Conversations finished while the canary routed a share to the adapter count neither as before nor after.
+    assert output.find("tool_call_precision@v1 is in canary") < output.find("tool_call_precision@v1 is live"), output[-4000:]
 
     # The report holds the same run's numbers: the stages in order with their times, the gap as it
     # was selected, the candidate's evaluation, and before vs after on the panel's conversations.
@@ -106,6 +108,7 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
     assert "target" in report["candidates"]["tool_call_precision@v1"]
     failure = report["failure"]
     assert failure["after"]["total"] >= 3 and failure["before"]["total"] == int(before.split(" on ")[1])
+    assert set(failure) == set(report["lacking"]) == {"before", "canary", "after"}
     assert failure["before"]["count"] == failure["before"]["total"]  # a random tiny model never meets a goal
     lacking = report["lacking"]["before"]
     assert 0 < lacking["total"] <= failure["before"]["total"] and lacking["interval"][0] <= lacking["rate"] <= lacking["interval"][1]
@@ -157,3 +160,30 @@ def test_an_environment_is_narrated_with_what_the_gate_measured(
     validation = {"attempts": attempts, "rollouts": 8, "hint_share": 0.25} if attempts else None
     narrator._environments([{"environment_id": 3, "family": "tool_call_precision", "status": status, "validation": validation}])
     assert lines == [f"environment 3 (tool_call_precision): {expected}"]
+
+
+def test_conversations_during_the_canary_count_neither_before_nor_after() -> None:
+    """'Before' is the base alone: once a canary routes a share of the traffic to the adapter, the
+    conversations that finish go to their own bucket until it is live; a canary that ends without
+    going live hands the traffic back to the base, and 'before' again."""
+    from daemon.demo import Narrator, Tally
+
+    lines: list[str] = []
+    tally = Tally()
+    narrator = Narrator(None, tally, False, "http://127.0.0.1:8501", lines.append)  # type: ignore[arg-type]
+    adapter = {"adapter_id": 1, "capability": "tool_call_precision", "version": 1}
+    tally.add("a", False)
+    narrator._adapters([{**adapter, "state": "canary"}], {})
+    tally.add("b", True)
+    narrator._adapters([{**adapter, "state": "rejected"}], {})  # rolled back from its canary
+    tally.add("c", False)
+    narrator._adapters([{**adapter, "adapter_id": 2, "version": 2, "state": "canary"}], {})
+    tally.add("d", False)
+    narrator._adapters([{**adapter, "adapter_id": 2, "version": 2, "state": "live"}], {})
+    tally.add("e", True)
+    assert (tally.before, tally.canary, tally.after) == ({"a": False, "c": False}, {"b": True, "d": False}, {"e": True})
+    assert lines == [
+        "tool_call_precision@v1 is in canary: the conversations until it goes live are counted apart, not as 'before'",
+        "tool_call_precision@v2 is in canary: the conversations until it goes live are counted apart, not as 'before'",
+        "tool_call_precision@v2 is live: the agent's conversations from now on count as 'after'",
+    ]

@@ -64,8 +64,17 @@ def test_a_planted_gap_ends_as_a_verified_candidate_adapter_with_no_manual_step(
     assert run["config"]["warm_start_examples"] == 2 and run["result"]["training"]["warm_start"]["examples"] == 2
     assert run["result"]["training"]["warm_start"]["updates"] == 2  # one demonstration per update, as configured
     assert run["result"]["training"]["recipe"] == "sft+grpo"  # a warm start, then GRPO steps
-    assert [record["step"] for record in run["progress"]] == [1]
-    assert {"mean_reward", "success_rate", "zero_variance_groups", "loss", "elapsed_s"} <= set(run["progress"][0])
+    # Progress in order: each warm-start update, the GRPO step, then each part of the evaluation.
+    phases = [record.get("phase") for record in run["progress"]]
+    assert phases == ["warm_start", "warm_start", "grpo", "evaluation", "evaluation", "evaluation"], run["progress"]
+    assert [(record["step"], record["max_steps"]) for record in run["progress"][:2]] == [(1, 2), (2, 2)]
+    assert all(record["loss"] >= 0 for record in run["progress"][:2])
+    assert run["progress"][2]["step"] == 1
+    assert {"mean_reward", "success_rate", "zero_variance_groups", "loss", "elapsed_s"} <= set(run["progress"][2])
+    cases = run["result"]["evaluation"]["replay"]["cases"]
+    assert [record["part"] for record in run["progress"][3:]] == [
+        "precondition_verification: base", "precondition_verification: adapter", f"replay of {cases} failed openings"
+    ]  # fmt: skip
     target = run["result"]["evaluation"]["target"]
     replayed = run["result"]["evaluation"]["replay"]
     assert replayed["cases"] > 0 and len(replayed["items"]) == replayed["cases"]
@@ -169,7 +178,8 @@ def test_a_run_stopped_with_the_daemon_is_requeued_and_resumes_from_its_checkpoi
     finished = registry.run(checkpoint["run_id"])
     assert finished["status"] == "candidate", finished["error"]
     assert finished["result"]["training"]["resumed_from"].startswith("checkpoint-")
-    steps = [json.loads(line)["step"] for line in (Path(finished["directory"]) / "progress.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (Path(finished["directory"]) / "progress.jsonl").read_text().splitlines()]
+    steps = [record["step"] for record in records if record.get("phase") == "grpo"]
     assert steps[-1] == 3 and sorted(set(steps)) == [1, 2, 3]
 
 
@@ -195,3 +205,19 @@ def test_tracefix_train_runs_one_in_the_foreground_on_a_tools_file(tmp_path: Pat
     # The same run directory again: the adapter version exists and is never overwritten.
     again = subprocess.run(command, cwd=REPO, env=environ, capture_output=True, text=True, timeout=300)
     assert again.returncode == 1 and "exists" in again.stderr
+
+
+def test_a_runs_progress_is_told_by_its_phase() -> None:
+    """The warm start and the evaluation take most of a CPU run: their records say where the run
+    stands, and the GRPO charts keep to the GRPO steps (records from before phases were recorded
+    count as GRPO steps)."""
+    from daemon.registry import grpo_steps, progress_text
+
+    warm = {"phase": "warm_start", "step": 3, "max_steps": 96, "loss": 0.5, "elapsed_s": 61.2}
+    step = {"step": 2, "max_steps": 4, "mean_reward": 0.25, "elapsed_s": 10.0}
+    evaluation = {"phase": "evaluation", "part": "tool_call_precision: base", "elapsed_s": 5.0}
+    assert progress_text(warm) == "warm start, update 3/96, loss 0.500, 61 s"
+    assert progress_text(step) == "GRPO step 2/4, reward 0.25, 10 s"
+    assert progress_text({**step, "phase": "grpo", "max_steps": None, "mean_reward": None}, steps=8) == "GRPO step 2/8, reward n/a, 10 s"
+    assert progress_text(evaluation) == "evaluating (tool_call_precision: base), 5 s into the evaluation"
+    assert grpo_steps([warm, step, {**step, "phase": "grpo", "step": 3}, evaluation]) == [step, {**step, "phase": "grpo", "step": 3}]

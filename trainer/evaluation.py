@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -87,17 +87,22 @@ def compare(
     seeds: range,
     sampling: Sampling,
     margin: float,
+    on_part: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The evaluation report and its verdict: "candidate" or "rejected_by_eval" with the reasons.
 
     ``base_model`` and ``adapter_model`` may be the same PEFT model: the base is then scored with
-    its adapters disabled."""
+    its adapters disabled. ``on_part`` hears what is scored next ("tool_call_precision: base")."""
     def both(environment: Environment) -> tuple[Score, Score]:
+        if on_part:
+            on_part(f"{environment.family.capability}: base")
         if base_model is adapter_model and hasattr(adapter_model, "disable_adapter"):
             with adapter_model.disable_adapter():
                 base = score(adapter_model, tokenizer, environment, seeds, sampling)
         else:
             base = score(base_model, tokenizer, environment, seeds, sampling)
+        if on_part:
+            on_part(f"{environment.family.capability}: adapter")
         return base, score(adapter_model, tokenizer, environment, seeds, sampling)
 
     own = Comparison(target.family.capability, *both(target))

@@ -183,9 +183,12 @@ def lora_config(config: TrainConfig) -> Any:
     )
 
 
-def warm_start(model: Any, tokenizer: Any, environment: Environment, config: TrainConfig, output_dir: Path) -> dict[str, Any]:
+def warm_start(
+    model: Any, tokenizer: Any, environment: Environment, config: TrainConfig, output_dir: Path, progress: Progress | None = None
+) -> dict[str, Any]:
     """Supervised pass on ground-truth demonstrations (seeds disjoint from evaluation's), loss on the
-    policy's tokens only. Returns the SFT metrics."""
+    policy's tokens only; each update is reported to `progress` (phase ``warm_start``). Returns the
+    SFT metrics."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
@@ -215,6 +218,8 @@ def warm_start(model: Any, tokenizer: Any, environment: Environment, config: Tra
     )
     trainer = SFTTrainer(model=model, args=arguments, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     trainer.remove_callback(PrinterCallback)  # progress is reported by the caller, not printed
+    if progress:
+        trainer.add_callback(_WarmStartProgress(progress, time.monotonic()))
     result = trainer.train()
     return {
         "examples": len(rows), "epochs": config.warm_start_epochs, "batch": config.warm_start_batch,
@@ -226,6 +231,22 @@ def _has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+class _WarmStartProgress(TrainerCallback):
+    """One record per warm-start update: its loss, how far the pass has come, and the time so far."""
+
+    def __init__(self, progress: Progress, started: float) -> None:
+        super().__init__()
+        self.progress = progress
+        self.started = started
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
+        if logs and "loss" in logs:
+            self.progress({
+                "phase": "warm_start", "step": state.global_step, "max_steps": state.max_steps,
+                "loss": round(float(logs["loss"]), 6), "elapsed_s": round(time.monotonic() - self.started, 1),
+            })  # fmt: skip
 
 
 class _ProgressCallback(TrainerCallback):
@@ -244,6 +265,7 @@ class _ProgressCallback(TrainerCallback):
         stats = self.rollouts.last
         elapsed = time.monotonic() - self.started
         record = {
+            "phase": "grpo",
             "step": state.global_step,
             "max_steps": state.max_steps,
             "mean_reward": round(stats.mean_reward, 4),
@@ -288,7 +310,7 @@ def build_trainer(
     resume = latest_checkpoint(output_dir / "checkpoints")
     report: dict[str, Any] = {"recipe": config.recipe, "resumed_from": resume.name if resume else None, "warm_start": None}
     if config.warm_start_examples and resume is None:
-        report["warm_start"] = warm_start(model, tokenizer, environment, config, output_dir)
+        report["warm_start"] = warm_start(model, tokenizer, environment, config, output_dir, progress)
 
     rollouts = EnvironmentRollouts(environment, tokenizer, config)
     seeds = max(config.steps, 1) * config.groups_per_step

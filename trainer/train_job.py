@@ -58,8 +58,17 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
                 continue  # this tool set cannot host that family
     seeds = range(evaluation["seeds"])
     sampling = Sampling(config.max_new_tokens, 0.0, max_length=config.max_length)
-    verdict = compare(model, model, tokenizer, environment, others, seeds, sampling, evaluation["margin"])
-    verdict["replay"] = replay(model, tokenizer, request["capability"], request.get("replay") or [], tools, sampling)
+    evaluating = time.monotonic()
+
+    def on_part(part: str) -> None:
+        if progress:
+            progress({"phase": "evaluation", "part": part, "elapsed_s": round(time.monotonic() - evaluating, 1)})
+
+    verdict = compare(model, model, tokenizer, environment, others, seeds, sampling, evaluation["margin"], on_part)
+    cases = request.get("replay") or []
+    if cases:
+        on_part(f"replay of {len(cases)} failed openings")
+    verdict["replay"] = replay(model, tokenizer, request["capability"], cases, tools, sampling)
     result: dict[str, Any] = {
         "run_id": request["run_id"],
         "capability": request["capability"],

@@ -12,6 +12,7 @@ import streamlit as st
 
 from dashboard import charts, conversation
 from dashboard.page import PageContext, rate, show
+from daemon.registry import grpo_steps, progress_text
 
 
 def environment_table(items: list[Mapping[str, Any]]) -> pd.DataFrame:
@@ -142,6 +143,7 @@ def run_table(items: list[Mapping[str, Any]]) -> pd.DataFrame:
                 "capability": item["capability"],
                 "version": item["version"],
                 "status": item["status"],
+                "now": progress_text(item["latest"]) if item["status"] == "running" and item.get("latest") else "",
                 "step": f"{progress.get('step', 0)} / {progress.get('max_steps', item.get('config', {}).get('steps', '?'))}",
                 "mean reward": progress.get("mean_reward"),
                 "success rate": progress.get("success_rate"),
@@ -155,22 +157,28 @@ def run_table(items: list[Mapping[str, Any]]) -> pd.DataFrame:
 
 
 def render_run(run: Mapping[str, Any]) -> None:
-    progress = run.get("progress") or []
+    records = run.get("progress") or []
+    progress = grpo_steps(records)
     last = progress[-1] if progress else {}
-    max_steps = last.get("max_steps") or (run.get("config") or {}).get("steps") or 0
-    step = last.get("step", 0)
-    share = min(step / max_steps, 1.0) if max_steps else 0.0
+    latest = records[-1] if records else {}
+    steps = (run.get("config") or {}).get("steps") or 0
+    max_steps = latest.get("max_steps") or steps
+    if latest.get("phase") == "evaluation":
+        share = 1.0  # training is over; the held-out evaluation runs
+    else:
+        share = min(latest.get("step", 0) / max_steps, 1.0) if max_steps else 0.0
     name = f"run {run['run_id']} ({run['capability']} v{run['version']})"
-    st.progress(share, text=f"{name}: {run['status']}, step {step} of {max_steps or '?'}")
+    where = progress_text(latest, steps) if latest else "loading the model"
+    st.progress(share, text=f"{name}: {run['status']}, {where}")
     columns = st.columns(4)
-    columns[0].metric("elapsed", f"{last.get('elapsed_s', 0):.0f} s")
+    columns[0].metric("elapsed in this phase", f"{latest.get('elapsed_s', 0):.0f} s")
     columns[1].metric("mean reward", rate(last.get("mean_reward")))
     columns[2].metric("success rate", rate(last.get("success_rate")))
     columns[3].metric("zero-variance groups", f"{last.get('zero_variance_groups', 0)} / {last.get('groups', 0)}" if last else "—")
     if run.get("error"):
         st.warning(f"Run failed: {run['error']}", icon=":material/warning:")
     if not progress:
-        st.caption("No step finished yet (a warm start or model loading may be running).")
+        st.caption("No GRPO step finished yet" + (f" ({where})." if latest else " (the model is loading)."))
     else:
         left, right = st.columns(2)
         with left:
