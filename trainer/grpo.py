@@ -9,7 +9,8 @@ rollouts are trained on their plain prompt (the hint is stripped before the grad
 
 A base model too weak to earn any reward (typical of a 135M model on tool use) gets a warm start
 first: a short supervised pass on the environment's ground-truth demonstrations (TRL's
-``SFTTrainer``, policy tokens only), so that GRPO starts from a policy whose groups show variance.
+``SFTTrainer``, policy tokens only, each batch's common opening run once:
+``trainer.shared_prefix``), so that GRPO starts from a policy whose groups show variance.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ class TrainConfig:
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     warm_start_examples: int = 0  # ground-truth demonstrations for the warm start; 0 = none
     warm_start_epochs: int = 2
-    warm_start_batch: int = 2  # demonstrations per update (one per forward pass, gradients accumulated)
+    warm_start_batch: int = 2  # demonstrations per update (one batch; their common opening runs once)
     warm_start_learning_rate: float = 1e-3
     save_steps: int = 5
     seed: int = 0
@@ -190,7 +191,9 @@ def warm_start(
     policy's tokens only; each update is reported to `progress` (phase ``warm_start``). Returns the
     SFT metrics."""
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
+
+    from trainer.shared_prefix import SharedPrefixSFTTrainer
 
     seeds = range(config.train_seed_offset - config.warm_start_examples, config.train_seed_offset)
     rows = []
@@ -200,10 +203,10 @@ def warm_start(
     arguments = SFTConfig(
         output_dir=str(output_dir / "warm_start"),
         num_train_epochs=config.warm_start_epochs,
-        # One demonstration per forward pass, `warm_start_batch` per update: an agent's tool definitions
-        # make prompts of thousands of tokens, and a batch of their logits does not fit the memory limit.
-        per_device_train_batch_size=1,
-        gradient_accumulation_steps=config.warm_start_batch,
+        # `warm_start_batch` demonstrations per update, in one batch whose common opening (the agent's
+        # instructions and tool definitions, most of every prompt) is run once: trainer/shared_prefix.py.
+        per_device_train_batch_size=config.warm_start_batch,
+        gradient_accumulation_steps=1,
         learning_rate=config.warm_start_learning_rate,
         lr_scheduler_type="constant",
         logging_steps=1,
@@ -216,7 +219,7 @@ def warm_start(
         disable_tqdm=True,
         gradient_checkpointing=False,
     )
-    trainer = SFTTrainer(model=model, args=arguments, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    trainer = SharedPrefixSFTTrainer(model=model, args=arguments, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
     trainer.remove_callback(PrinterCallback)  # progress is reported by the caller, not printed
     if progress:
         trainer.add_callback(_WarmStartProgress(progress, time.monotonic()))

@@ -1,0 +1,95 @@
+"""One warm-start update, with the batch's common opening run once (trainer/shared_prefix.py) vs the
+plain pass it replaces (each demonstration over its whole length, gradients accumulated), on the
+embedded SmolLM2-135M with the demo's LoRA and real demonstrations of an environment:
+
+    python bench/warm_start_prefix.py                        # tool_call_precision on the airline tools
+    python bench/warm_start_prefix.py --batches 2 4 --repeats 5 --threads 2
+
+Prints, per batch size, the median seconds of one update (forward and backward) both ways, their
+ratio, and the tokens each way runs; the loss of both is printed too (they must agree).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from examples.airline.tools import TOOLS as AIRLINE_TOOLS  # noqa: E402
+from trainer import model as models  # noqa: E402
+from trainer.environment import Environment, load_tools  # noqa: E402
+from trainer.families import load_families  # noqa: E402
+from trainer.grpo import TrainConfig, lora_config  # noqa: E402
+from trainer.rollouts import demonstration  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--capability", default="tool_call_precision")
+    parser.add_argument("--batches", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--cache", default=".tracefix/models")
+    arguments = parser.parse_args()
+
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer.shared_prefix import shared_prefix_length, shared_prefix_loss
+
+    torch.set_num_threads(arguments.threads)
+    model_dir = models.resolve(arguments.model, Path(arguments.cache))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), lora_config(TrainConfig()))
+    model.train()
+    environment = Environment(load_families()[arguments.capability], load_tools(AIRLINE_TOOLS))
+
+    def batch(seeds: range) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        demos = [demonstration(tokenizer, environment.instance(seed)) for seed in seeds]
+        rows = [(demo.prompt_ids + demo.completion_ids, [0] * len(demo.prompt_ids) + demo.env_mask) for demo in demos]
+        width = max(len(ids) for ids, _ in rows)
+        ids = torch.zeros((len(rows), width), dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        labels = torch.full((len(rows), width), -100)
+        for row, (tokens, policy) in enumerate(rows):
+            ids[row, : len(tokens)] = torch.tensor(tokens)
+            mask[row, : len(tokens)] = 1
+            labels[row, : len(tokens)] = torch.tensor([token if keep else -100 for token, keep in zip(tokens, policy, strict=True)])
+        return ids, mask, labels
+
+    print(f"{arguments.capability} on the airline tools, {arguments.model}, {arguments.threads} threads, {arguments.repeats} repeats")
+    print("| demonstrations per update | plain: s per update | shared prefix: s per update | ratio | tokens run (plain → shared) | loss (plain, shared) |")
+    print("|---|---|---|---|---|---|")
+    for size in arguments.batches:
+        plain_times, shared_times = [], []
+        for repeat in range(arguments.repeats):
+            ids, mask, labels = batch(range(100_000 + repeat * size, 100_000 + (repeat + 1) * size))
+            labelled = int((labels[:, 1:] != -100).sum())
+            model.zero_grad()
+            started = time.perf_counter()
+            plain = 0.0
+            for row in range(size):  # the plain pass: each row alone, its gradient accumulated
+                length = int(mask[row].sum())
+                loss = shared_prefix_loss(model, ids[row : row + 1, :length], mask[row : row + 1, :length], labels[row : row + 1, :length], labelled)
+                loss.backward()
+                plain += loss.item()
+            plain_times.append(time.perf_counter() - started)
+            model.zero_grad()
+            started = time.perf_counter()
+            shared = shared_prefix_loss(model, ids, mask, labels)
+            shared.backward()
+            shared_times.append(time.perf_counter() - started)
+            prefix = shared_prefix_length(ids, mask, labels)
+            tokens = (int(mask.sum()), prefix + int(mask.sum()) - size * prefix)
+        plain_s, shared_s = statistics.median(plain_times), statistics.median(shared_times)
+        print(f"| {size} | {plain_s:.2f} | {shared_s:.2f} | {plain_s / shared_s:.2f}× | {tokens[0]} → {tokens[1]} | {plain:.4f}, {shared.item():.4f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""The warm start's shared-prefix loss against the plain forward pass it replaces: the same loss and
+the same LoRA gradients, on a real (tiny, random) Llama with a PEFT adapter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trainer.shared_prefix import shared_prefix_length, shared_prefix_loss
+
+
+def _batch(prefix: int, tails: list[int], pad: int = 0, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded rows: one common prefix, then each row's own tail, the second half of it labelled."""
+    generator = torch.Generator().manual_seed(seed)
+    opening = torch.randint(10, 4000, (prefix,), generator=generator)
+    width = prefix + max(tails)
+    ids = torch.full((len(tails), width), pad)
+    mask = torch.zeros((len(tails), width), dtype=torch.long)
+    labels = torch.full((len(tails), width), -100)
+    for row, tail in enumerate(tails):
+        ids[row, :prefix] = opening
+        ids[row, prefix : prefix + tail] = torch.randint(10, 4000, (tail,), generator=generator)
+        mask[row, : prefix + tail] = 1
+        labels[row, prefix + tail // 2 : prefix + tail] = ids[row, prefix + tail // 2 : prefix + tail]
+    return ids, mask, labels
+
+
+def _plain_loss(model: Any, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits[:, :-1]
+    targets = labels[:, 1:]
+    total = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100, reduction="sum")
+    return total / (targets != -100).sum()
+
+
+@pytest.fixture
+def adapted(tiny_model: Path) -> Any:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, torch_dtype=torch.float32)
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj", "gate_proj"])
+    peft_model = get_peft_model(model, config)
+    with torch.no_grad():  # LoRA's B starts at zero, which would make every adapter gradient but B's vanish
+        for name, parameter in peft_model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.02)
+    peft_model.train()
+    return peft_model
+
+
+def _gradients(model: Any, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+    model.zero_grad()
+    loss.backward()
+    return {name: parameter.grad.clone() for name, parameter in model.named_parameters() if parameter.requires_grad}
+
+
+@pytest.mark.parametrize("tails", [[12, 30, 7], [20, 20]])
+def test_the_shared_prefix_loss_and_gradients_equal_the_plain_forward_pass(adapted: Any, tails: list[int]) -> None:
+    ids, mask, labels = _batch(48, tails)
+    assert shared_prefix_length(ids, mask, labels) == 48  # the shortcut is taken, not the fallback
+    plain = _plain_loss(adapted, ids, mask, labels)
+    expected = _gradients(adapted, plain)
+    shared = shared_prefix_loss(adapted, ids, mask, labels)
+    got = _gradients(adapted, shared)
+    assert torch.allclose(shared, plain, rtol=1e-5, atol=1e-6), (shared.item(), plain.item())
+    assert expected.keys() == got.keys() and len(got) > 0
+    for name in expected:
+        assert torch.allclose(got[name], expected[name], rtol=1e-3, atol=1e-6), name
+    assert any(gradient.abs().sum() > 0 for gradient in got.values())
+
+
+def test_accumulated_batches_are_normalised_by_the_trainers_count(adapted: Any) -> None:
+    """With `num_items_in_batch` (gradient accumulation), the sum is divided by that count instead."""
+    ids, mask, labels = _batch(40, [10, 16])
+    labelled = int((labels[:, 1:] != -100).sum())
+    mean = shared_prefix_loss(adapted, ids, mask, labels)
+    assert torch.allclose(shared_prefix_loss(adapted, ids, mask, labels, num_items=4 * labelled), mean / 4, rtol=1e-5)
+
+
+def test_the_prefix_stops_at_the_first_label_padding_and_the_first_difference() -> None:
+    ids, mask, labels = _batch(30, [10, 6])
+    assert shared_prefix_length(ids, mask, labels) == 30
+    early = labels.clone()
+    early[1, 20] = ids[1, 20]  # a labelled token inside the common part: it must be predicted, not skipped
+    assert shared_prefix_length(ids, mask, early) == 20
+    one = ids[:1], mask[:1], labels[:1]
+    assert shared_prefix_length(*one) == 30 + 10 // 2  # a single row: everything before its first label
+    different = ids.clone()
+    different[1, 3] += 1
+    assert shared_prefix_length(different, mask, labels) == 3
+    left_padded = mask.clone()
+    left_padded[1, 0] = 0
+    assert shared_prefix_length(ids, left_padded, labels) == 0  # padding is never part of the prefix
+
+
+def test_short_prefixes_and_single_rows_take_the_plain_pass(adapted: Any) -> None:
+    for ids, mask, labels in (_batch(4, [10, 12]), _batch(40, [14])):
+        assert torch.allclose(shared_prefix_loss(adapted, ids, mask, labels), _plain_loss(adapted, ids, mask, labels), rtol=1e-5)

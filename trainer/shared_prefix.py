@@ -1,0 +1,74 @@
+"""Supervised batches that share their opening, computed once.
+
+Every demonstration of one environment starts with the same tokens: the agent's instructions and
+its tool definitions, a thousand tokens and more, against a hundred or two of request and answer.
+TRL's ``SFTTrainer`` runs each row of a batch over its whole length. ``SharedPrefixSFTTrainer``
+runs the batch's common prefix once (batch size 1, with gradients), repeats its key/value cache for
+every row, and runs only the rows' own tails on top of it. The loss and the gradients are those of
+the plain forward pass: the prefix's activations stay in the autograd graph, so the gradient of
+every row flows back through them once, summed. What it saves is the prefix's repeated forward and
+backward passes, (rows − 1) × prefix tokens per batch.
+
+The loss is the summed negative log-likelihood of the labelled tokens over their count (or over
+``num_items_in_batch`` when the trainer accumulates gradients), as in ``SFTTrainer``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from trl import SFTTrainer
+
+MIN_PREFIX = 16  # below this many shared tokens the plain forward pass is as cheap
+
+
+def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> int:
+    """How many leading tokens every row shares (attended, identical), up to the first labelled
+    token: the prefix's last position predicts it, the rows' tails the ones after."""
+    same = (input_ids == input_ids[:1]).all(dim=0) & attention_mask.bool().all(dim=0)
+    length = int(same.long().cumprod(dim=0).sum())
+    labelled = (labels != -100).any(dim=0).nonzero()
+    if len(labelled):
+        length = min(length, int(labelled[0]))
+    return max(0, min(length, input_ids.shape[1] - 1))
+
+
+def _token_loss(logits: torch.Tensor, targets: torch.Tensor, num_items: Any) -> torch.Tensor:
+    """Summed cross-entropy of ``logits`` against ``targets`` (−100 ignored) over the count."""
+    total = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100, reduction="sum"
+    )
+    count = (targets != -100).sum() if num_items is None else num_items
+    return total / torch.as_tensor(count, device=total.device).clamp(min=1)
+
+
+def shared_prefix_loss(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, num_items: Any = None
+) -> torch.Tensor:
+    """The causal-LM loss of a right-padded batch, its common prefix computed once."""
+    rows, width = input_ids.shape
+    prefix = shared_prefix_length(input_ids, attention_mask, labels)
+    if rows == 1 or prefix < MIN_PREFIX:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        return _token_loss(logits[:, :-1], labels[:, 1:], num_items)
+    # Only the prefix's last position is scored: its other logits would cost the vocabulary × prefix.
+    opening = model(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True, logits_to_keep=1)
+    cache = opening.cache
+    cache.batch_repeat_interleave(rows)  # every row attends to the one prefix (autograd sums their gradients)
+    positions = torch.arange(prefix, width, device=input_ids.device).unsqueeze(0).expand(rows, -1)
+    tails = model(
+        input_ids=input_ids[:, prefix:], attention_mask=attention_mask, cache=cache, position_ids=positions, use_cache=True
+    ).logits
+    # The prefix's last position predicts each row's first tail token; the tails predict the rest.
+    logits = torch.cat([opening.logits[:, -1:].expand(rows, -1, -1), tails[:, :-1]], dim=1)
+    return _token_loss(logits, labels[:, prefix:], num_items)
+
+
+class SharedPrefixSFTTrainer(SFTTrainer):
+    """``SFTTrainer`` whose loss runs a batch's common prefix once (see the module)."""
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
+        if return_outputs:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        return shared_prefix_loss(model, inputs["input_ids"], inputs["attention_mask"], inputs["labels"], num_items_in_batch)
