@@ -195,7 +195,7 @@ class TrainingSettings(Section):
         48, ge=0, description="Ground-truth demonstrations for the warm start when the base fails the gate as too weak; 0 = never."
     )
     warm_start_epochs: int = Field(2, ge=1, description="Passes over the demonstrations.")
-    warm_start_batch: int = Field(2, ge=1, description="Demonstrations per warm-start update (gradients accumulated one at a time).")
+    warm_start_batch: int = Field(2, ge=1, description="Demonstrations per warm-start update: one batch, their common opening run once.")
     warm_start_learning_rate: float = Field(1e-3, gt=0, description="Learning rate of the warm start (a few dozen demonstrations make a few dozen updates).")
     save_steps: int = Field(5, ge=1, description="Checkpoint every this many steps; a killed run resumes from the last one.")
     eval_seeds: int = Field(50, ge=1, description="Held-out seeds (disjoint from training's) for base vs adapter.")
