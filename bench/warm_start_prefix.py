@@ -52,7 +52,7 @@ def main() -> None:
 
     def batch(seeds: range) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         demos = [demonstration(tokenizer, environment.instance(seed)) for seed in seeds]
-        rows = [(demo.prompt_ids + demo.completion_ids, [0] * len(demo.prompt_ids) + demo.env_mask) for demo in demos]
+        rows = [demo.sequence() for demo in demos]
         width = max(len(ids) for ids, _ in rows)
         ids = torch.zeros((len(rows), width), dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)

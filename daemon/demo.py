@@ -83,18 +83,12 @@ class Tally:
     before: dict[str, bool] = field(default_factory=dict)
     canary: dict[str, bool] = field(default_factory=dict)
     after: dict[str, bool] = field(default_factory=dict)
-    canary_since: float | None = None
-    live_since: float | None = None
+    period: str = "before"  # where a conversation finishing now counts: before, canary or after
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, conversation_id: str, success: bool) -> None:
         with self.lock:
-            if self.live_since is not None:
-                self.after[conversation_id] = success
-            elif self.canary_since is not None:
-                self.canary[conversation_id] = success
-            else:
-                self.before[conversation_id] = success
+            getattr(self, self.period)[conversation_id] = success
 
     @staticmethod
     def failures(outcomes: dict[str, bool]) -> tuple[int, int]:
@@ -330,16 +324,16 @@ class Narrator:
                     f"{reference.get('name')} {number_text(reference.get('rate'))} {reference.get('interval')} on {reference.get('total', 0)}"
                     f" (verdict after {report.get('needed')})"
                 )
-            if state == "canary" and self.tally.canary_since is None:
-                self.tally.canary_since = time.time()
+            if state == "canary" and self.tally.period == "before":
+                self.tally.period = "canary"
                 self.say(f"{name} is in canary: the conversations until it goes live are counted apart, not as 'before'")
-            if state == "live" and self.tally.live_since is None:
-                self.tally.live_since = time.time()
+            if state == "live" and self.tally.period != "after":
+                self.tally.period = "after"
                 self.live = adapter["capability"]
                 self.say(f"{name} is live: the agent's conversations from now on count as 'after'")
 
-        if self.tally.live_since is None and not any(adapter["state"] in ("canary", "live") for adapter in adapters):
-            self.tally.canary_since = None  # the canary ended without going live: the base alone serves again
+        if self.tally.period == "canary" and not any(adapter["state"] in ("canary", "live") for adapter in adapters):
+            self.tally.period = "before"  # the canary ended without going live: the base alone serves again
 
     def _decisions(self, audit: list[dict[str, Any]], names: dict[int, str]) -> None:
         """Every human and automatic decision, oldest first, as the audit log records it."""

@@ -199,7 +199,8 @@ def warm_start(
     rows = []
     for seed in seeds:
         demo = demonstration(tokenizer, environment.instance(seed), config.max_length)
-        rows.append({"input_ids": demo.prompt_ids + demo.completion_ids, "assistant_masks": [0] * len(demo.prompt_ids) + demo.env_mask})
+        ids, policy = demo.sequence()
+        rows.append({"input_ids": ids, "assistant_masks": policy})
     arguments = SFTConfig(
         output_dir=str(output_dir / "warm_start"),
         num_train_epochs=config.warm_start_epochs,

@@ -47,6 +47,10 @@ class TokenRollout:
     def policy_tokens(self) -> int:
         return sum(self.env_mask)
 
+    def sequence(self) -> tuple[list[int], list[int]]:
+        """The whole episode as one token sequence, with its mask (1 = the policy's own token)."""
+        return self.prompt_ids + self.completion_ids, [0] * len(self.prompt_ids) + self.env_mask
+
 
 @dataclass(slots=True)
 class _Episode:
