@@ -225,6 +225,12 @@ class RouterSettings(Section):
     max_new_tokens: int = Field(256, ge=1, description="Default max_tokens of a completion.")
     max_context_tokens: int = Field(8192, ge=256, description="Longer prompts are refused with a context_length_exceeded error.")
     max_batch: int = Field(8, ge=1, description="Most requests generated together in one batch.")
+    prefix_cache_mib: int = Field(
+        1024,
+        ge=0,
+        description="Embedded backend: memory for the key/value caches of recent prompts, so a prompt that starts like one"
+        " of them (the agent's instructions, the conversation so far) prefills only the rest; 0 turns it off.",
+    )
     export_spans: bool = Field(True, description="Send a GenAI span per request to the collector (served traffic flows back into analysis).")
     otlp_endpoint: str = Field(
         "", description="Where the router's spans go (OTLP/HTTP); empty = this configuration's own collector ([collector] http_port)."

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from daemon.settings import Settings
-from trainer import adapters
+from router import metrics
+from trainer import adapters, prefix_cache
 from trainer import model as models
 
 log = logging.getLogger(__name__)
@@ -189,7 +190,13 @@ class EmbeddedBackend:
     supports_gate = True
 
     def __init__(
-        self, model: str, cache_dir: Path, max_batch: int = 8, max_context_tokens: int = 8192, threads: int = 0
+        self,
+        model: str,
+        cache_dir: Path,
+        max_batch: int = 8,
+        max_context_tokens: int = 8192,
+        threads: int = 0,
+        prefix_cache_mib: int = 1024,
     ) -> None:
         import torch
 
@@ -205,6 +212,7 @@ class EmbeddedBackend:
         self.end_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
         self.pad_id = self.tokenizer.pad_token_id
         self.loaded: dict[str, Path] = {}
+        self.prefixes = prefix_cache.PrefixStore(prefix_cache_mib << 20) if prefix_cache_mib else None
         self._lock = threading.Lock()  # held by every forward pass and every change of the model
         self._gate: Any = None  # the installed router.gate.GatedExperts, for `_gate_spec`
         self._gate_spec: GateSpec | None = None
@@ -219,7 +227,9 @@ class EmbeddedBackend:
         """The backend for a tracefix configuration: its [model] and [router] sections."""
         cache_dir = settings.model.cache_dir or Path(settings.store.path).parent / "models"
         router = settings.router
-        return cls(settings.model.name, cache_dir, router.max_batch, router.max_context_tokens, settings.model.threads)
+        return cls(
+            settings.model.name, cache_dir, router.max_batch, router.max_context_tokens, settings.model.threads, router.prefix_cache_mib
+        )
 
     @property
     def alive(self) -> bool:
@@ -248,6 +258,8 @@ class EmbeddedBackend:
                 self._discard(name)
                 raise adapters.AdapterRejected(f"{directory} does not fit the base model: {error}") from error
             self.loaded[name] = Path(directory)
+            if self.prefixes is not None:
+                self.prefixes.drop(name)
 
     def unload(self, name: str) -> None:
         """Detach an adapter; the caller guarantees no request is using it."""
@@ -255,6 +267,8 @@ class EmbeddedBackend:
             if self.loaded.pop(name, None) is not None:
                 self._use_gate(None)
                 self._discard(name)
+            if self.prefixes is not None:
+                self.prefixes.drop(name)
 
     def _discard(self, name: str) -> None:
         from peft import PeftModel
@@ -382,17 +396,24 @@ class EmbeddedBackend:
             for generation in batch
             for choice in range(generation.n)
         ]
-        # Left padding: every row's next token sits in the last column; positions skip the padding.
-        width = max(len(row.generation.prompt) for row in rows)
-        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for index, row in enumerate(rows):
-            prompt = row.generation.prompt
-            input_ids[index, width - len(prompt) :] = torch.tensor(prompt)
-            mask[index, width - len(prompt) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = None
         gate = batch[0].gate
+        # Each row starts from the longest cached prefix of its prompt (prefix_cache.PrefixStore):
+        # its cached keys right-aligned in the first columns, then its uncached tail right-aligned,
+        # so every row's next token sits in the last column; positions skip the padding. The gate
+        # replaces the model's forward, so its batches neither use nor fill the store.
+        storing = self.prefixes is not None and gate is None
+        matches = [self.prefixes.lookup(row.generation.adapter, row.generation.prompt) if storing else (None, 0) for row in rows]
+        if any(length for _, length in matches):
+            cache, cached_mask = prefix_cache.batch_cache(matches, self.model.config)
+        else:
+            cache, cached_mask = None, torch.zeros((len(rows), 0), dtype=torch.long)
+        input_ids, tail_mask = prefix_cache.layout([], [row.generation.prompt[length:] for row, (_, length) in zip(rows, matches)], self.pad_id)
+        mask = torch.cat([cached_mask, tail_mask], dim=1)
+        positions = prefix_cache.positions(mask)[:, cached_mask.shape[1] :]
+        if storing:
+            cached_tokens = sum(length for _, length in matches)
+            metrics.PREFILL_TOKENS.labels("cached").inc(cached_tokens)
+            metrics.PREFILL_TOKENS.labels("prefilled").inc(sum(len(row.generation.prompt) for row in rows) - cached_tokens)
         steps = max(generation.sampling.max_tokens for generation in batch)
         for _ in range(steps):
             if self._stopping:  # shutting down: what is left of the batch ends now
@@ -411,6 +432,13 @@ class EmbeddedBackend:
                 if gate:
                     self._add_shares(rows, self._gate.token_shares()[:, -1], self._gate.slots)
             cache = output.cache
+            if storing:  # after the prefill: each distinct prompt's keys and values, for its next turn
+                for index, row in enumerate(rows):
+                    if row.choice == 0:  # the n choices of a request share its prompt
+                        layers = prefix_cache.row_layers(cache, index, mask[index].bool())
+                        self.prefixes.store(row.generation.adapter, row.generation.prompt, layers)
+                metrics.PREFIX_CACHE_BYTES.set(self.prefixes.nbytes)
+                storing = False
             sampled = _sample(output.logits[:, -1].float(), rows)
             next_ids = []
             for row, token in zip(rows, sampled):

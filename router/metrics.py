@@ -24,3 +24,9 @@ GATE_TOKENS = Counter(
     "tracefix_router_gate_tokens", "Completion tokens of gate-routed requests, shared out by the gate's per-token expert weights", ["expert"]
 )
 IN_FLIGHT = Gauge("tracefix_router_in_flight", "Chat completion requests being served")
+PREFILL_TOKENS = Counter(
+    "tracefix_router_prefill_tokens",
+    "Prompt tokens of the embedded backend, by where their keys and values came from: the prefix cache, or prefilled",
+    ["source"],
+)
+PREFIX_CACHE_BYTES = Gauge("tracefix_router_prefix_cache_bytes", "Memory held by the embedded backend's prefix cache")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.environment import Instance, Message, Rollout
+from trainer.prefix_cache import MIN_PREFIX, common_prefix, layout, prefill, repeated
 
 
 def with_hint(messages: list[Message], hint: str | None) -> list[Message]:
@@ -129,10 +130,17 @@ def generate_rollouts(
     was_training = model.training
     model.eval()
     try:
+        # The episodes' common opening (instructions, tools) is prefilled once for all their turns:
+        # contexts only grow, so it stays the prefix of every one.
+        opening: list[int] = []
+        opening_cache = None
+        if len(episodes) > 1 and (shared := common_prefix([episode.context for episode in episodes])) >= MIN_PREFIX:
+            opening = episodes[0].context[:shared]
+            opening_cache = prefill(model, opening)
         turn = 0
         while live := [episode for episode in episodes if not episode.done]:
             torch.manual_seed(seed * 7919 + turn)
-            for episode, sampled in zip(live, _generate(model, tokenizer, live, sampling), strict=True):
+            for episode, sampled in zip(live, _generate(model, tokenizer, live, sampling, opening, opening_cache), strict=True):
                 _advance(chat, episode, sampled, sampling)
             turn += 1
     finally:
@@ -151,23 +159,24 @@ def generate_rollouts(
     ]
 
 
-def _generate(model: Any, tokenizer: Any, episodes: list[_Episode], sampling: Sampling) -> list[list[int]]:
-    """One assistant turn for each episode (left-padded batch); the sampled ids up to and
-    including the end-of-turn token."""
+def _generate(
+    model: Any, tokenizer: Any, episodes: list[_Episode], sampling: Sampling, opening: list[int], opening_cache: Any
+) -> list[list[int]]:
+    """One assistant turn for each episode, the sampled ids up to and including the end-of-turn
+    token. The batch is laid out ``[opening][padding][tail]`` (``trainer.prefix_cache``), the
+    opening's cache (when there is one) repeated for its rows."""
     import torch
 
-    width = max(len(episode.context) for episode in episodes)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    input_ids = torch.full((len(episodes), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(episodes), width), dtype=torch.long)
-    for row, episode in enumerate(episodes):
-        input_ids[row, width - len(episode.context) :] = torch.tensor(episode.context)
-        attention[row, width - len(episode.context) :] = 1
+    input_ids, attention = layout(opening, [episode.context[len(opening) :] for episode in episodes], pad)
+    width = input_ids.shape[1]
+    cached = {"cache": repeated(opening_cache, len(episodes))} if opening_cache is not None else {}
     sample = sampling.temperature > 0
     with torch.no_grad():
         output = model.generate(
             input_ids=input_ids,
             attention_mask=attention,
+            **cached,
             max_new_tokens=sampling.max_new_tokens,
             do_sample=sample,
             temperature=sampling.temperature if sample else None,

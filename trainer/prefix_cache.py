@@ -1,0 +1,182 @@
+"""Generation over prompts that share their opening: the opening is prefilled once.
+
+An agent's prompts all start with the same instructions and tool definitions, about 1,200 tokens
+of the airline agent's 1,300-token opening, and every turn of every conversation sends them again.
+Prefilling them for each row of each batch is most of a CPU turn's work. Here the shared opening
+runs once (batch size 1) and its key/value cache is repeated for the rows; only each row's own tail
+is prefilled on top of it. The same idea as vLLM's automatic prefix caching, on one cache entry.
+
+Rows are laid out ``[opening][padding][tail]``: the opening at the same positions in every row (so
+one cache serves them all), each tail ending in the last column (so the next token of every row is
+predicted from there), the padding masked. Position ids come from the attention mask (its running
+sum), so a tail's positions continue its opening's exactly as in the unpadded prompt.
+
+Used by the trainer's rollouts (``trainer.rollouts``) and the embedded router backend.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MIN_PREFIX = 64  # below this many shared tokens a separate prefill saves less than it costs
+
+
+def common_prefix(sequences: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens all ``sequences`` share, leaving each at least one of its own (the
+    last prompt token is what the first new token is predicted from)."""
+    if not sequences:
+        return 0
+    length = min(len(sequence) for sequence in sequences) - 1
+    for other in sequences[1:]:
+        length = min(length, _same(sequences[0], other))
+    return max(0, length)
+
+
+def _same(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` have in common."""
+    for index, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return index
+    return min(len(a), len(b))
+
+
+def prefill(model: Any, ids: Sequence[int], **model_arguments: Any) -> Any:
+    """The key/value cache of ``ids`` (one row), without gradients."""
+    import torch
+
+    with torch.no_grad():
+        output = model(input_ids=torch.tensor([list(ids)]), use_cache=True, logits_to_keep=1, **model_arguments)
+    return output.cache
+
+
+def repeated(cache: Any, rows: int) -> Any:
+    """A copy of a one-row cache for ``rows`` rows (the generation extends it in place)."""
+    copied = copy.deepcopy(cache)
+    if rows > 1:
+        copied.batch_repeat_interleave(rows)
+    return copied
+
+
+def layout(prefix: Sequence[int], tails: Sequence[Sequence[int]], pad: int) -> tuple[Any, Any]:
+    """``input_ids`` and ``attention_mask`` of rows ``prefix + tail``: the prefix in the first
+    columns, each tail right-aligned, the padding between them masked."""
+    import torch
+
+    width = len(prefix) + max(len(tail) for tail in tails)
+    input_ids = torch.full((len(tails), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(tails), width), dtype=torch.long)
+    if prefix:
+        input_ids[:, : len(prefix)] = torch.tensor(list(prefix))
+        mask[:, : len(prefix)] = 1
+    for row, tail in enumerate(tails):
+        if tail:
+            input_ids[row, width - len(tail) :] = torch.tensor(list(tail))
+            mask[row, width - len(tail) :] = 1
+    return input_ids, mask
+
+
+def positions(mask: Any) -> Any:
+    """Position ids from the attention mask: each attended token's index among its row's attended
+    tokens (padding gets 0, never attended)."""
+    return (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+@dataclass(slots=True)
+class Cached:
+    """One prompt's key/value cache: per layer, keys and values of shape [heads, tokens, dim]."""
+
+    ids: tuple[int, ...]
+    layers: list[tuple[Any, Any]]
+    nbytes: int
+
+
+class PrefixStore:
+    """The key/value caches of recently prefilled prompts, per model variant (an adapter name, or
+    None for the base), the least recently used dropped past ``max_bytes``.
+
+    A new prompt takes the cached one it shares the longest prefix with: the next turn of a
+    conversation shares its whole previous prompt, a new conversation the agent's opening. Each row
+    of a batch takes its own (``batch_cache``), so conversations and variants mix in one batch.
+    Thread-safe: the generation thread looks up and stores, adapter changes clear it.
+    """
+
+    def __init__(self, max_bytes: int, min_prefix: int = MIN_PREFIX) -> None:
+        self.max_bytes = max_bytes
+        self.min_prefix = min_prefix
+        self._entries: OrderedDict[tuple[Any, tuple[int, ...]], Cached] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def lookup(self, variant: Any, prompt: Sequence[int]) -> tuple[Cached | None, int]:
+        """The cached prompt sharing the longest prefix with ``prompt`` (leaving it at least one
+        token of its own) and that length; ``(None, 0)`` below ``min_prefix``."""
+        best, length = None, 0
+        with self._lock:
+            for (entry_variant, _), entry in self._entries.items():
+                if entry_variant == variant and (shared := min(_same(entry.ids, prompt), len(prompt) - 1)) > length:
+                    best, length = entry, shared
+            if best is None or length < self.min_prefix:
+                return None, 0
+            self._entries.move_to_end((variant, best.ids))
+            return best, length
+
+    def store(self, variant: Any, prompt: Sequence[int], layers: list[tuple[Any, Any]]) -> None:
+        entry = Cached(tuple(prompt), layers, sum(k.nbytes + v.nbytes for k, v in layers))
+        if entry.nbytes > self.max_bytes:
+            return
+        with self._lock:
+            if (old := self._entries.pop((variant, entry.ids), None)) is not None:
+                self._bytes -= old.nbytes
+            # A prompt this one extends is of no more use: every lookup that matched it matches this.
+            for key in [key for key, cached in self._entries.items() if key[0] == variant and entry.ids[: len(cached.ids)] == cached.ids]:
+                self._bytes -= self._entries.pop(key).nbytes
+            self._entries[(variant, entry.ids)] = entry
+            self._bytes += entry.nbytes
+            while self._bytes > self.max_bytes:
+                self._bytes -= self._entries.popitem(last=False)[1].nbytes
+
+    def drop(self, variant: Any) -> None:
+        """Forget ``variant``'s caches (its adapter was unloaded, or a new one took its name)."""
+        with self._lock:
+            for key in [key for key in self._entries if key[0] == variant]:
+                self._bytes -= self._entries.pop(key).nbytes
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+
+def batch_cache(matches: Sequence[tuple[Cached | None, int]], config: Any) -> tuple[Any, Any]:
+    """A batch's cache from each row's match (``PrefixStore.lookup``) and the attention mask of its
+    columns: row ``r``'s first ``length`` cached tokens, right-aligned to the longest, the columns
+    before them zero and masked. Positions from the mask stay those the keys were cached at."""
+    import torch
+    from transformers import DynamicCache
+
+    width = max(length for _, length in matches)
+    sample = next(entry for entry, length in matches if entry is not None and length)
+    mask = torch.zeros((len(matches), width), dtype=torch.long)
+    layers = []
+    for layer, (keys, values) in enumerate(sample.layers):
+        batch_keys = keys.new_zeros((len(matches), keys.shape[0], width, keys.shape[2]))
+        batch_values = values.new_zeros((len(matches), values.shape[0], width, values.shape[2]))
+        for row, (entry, length) in enumerate(matches):
+            if entry is not None and length:
+                batch_keys[row, :, width - length :] = entry.layers[layer][0][:, :length]
+                batch_values[row, :, width - length :] = entry.layers[layer][1][:, :length]
+        layers.append((batch_keys, batch_values))
+    for row, (entry, length) in enumerate(matches):
+        if entry is not None and length:
+            mask[row, width - length :] = 1
+    return DynamicCache(ddp_cache_data=layers, config=config), mask
+
+
+def row_layers(cache: Any, row: int, columns: Any) -> list[tuple[Any, Any]]:
+    """Row ``row``'s keys and values at ``columns`` (a boolean mask over the cache's positions),
+    copied out of a batch cache for ``PrefixStore.store``."""
+    return [(layer.keys[row][:, columns].clone(), layer.values[row][:, columns].clone()) for layer in cache.layers]
