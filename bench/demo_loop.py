@@ -136,10 +136,14 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="replace the measured section of docs/performance.md")
     arguments = parser.parse_args()
     report_path = arguments.from_report or run_demo(arguments)
+    report = json.loads(report_path.read_text())
+    # The command that produced the report: its own settings when it names them (older reports do not).
+    ran = {"minutes": arguments.minutes, "after": arguments.after, "fast": arguments.fast}
+    ran.update({key: report["settings"][key] for key in ran if report.get("settings", {}).get(key) is not None})
     command = "python bench/demo_loop.py " + " ".join(
-        [f"--minutes {arguments.minutes:g}", f"--after {arguments.after}", *(["--fast"] if arguments.fast else [])]
+        [f"--minutes {ran['minutes']:g}", f"--after {ran['after']}", *(["--fast"] if ran["fast"] else [])]
     )
-    section = render(json.loads(report_path.read_text()), command)
+    section = render(report, command)
     print(section)
     if arguments.write:
         write(section, REPO / "docs" / "performance.md")

@@ -474,7 +474,7 @@ def run(
             document = {
                 "settings": {
                     "fast": fast, "policy": policy, "rate": rate, "hold_while_training": hold_while_training,
-                    "training": settings.training.model_dump(mode="json"),
+                    "minutes": minutes, "after": after, "training": settings.training.model_dump(mode="json"),
                 },
                 "seconds": round(time.monotonic() - narrator.started, 1), "timeline": narrator.timeline,
                 "selected": narrator.selected, "candidates": narrator.candidates, "live": narrator.live, **measured,

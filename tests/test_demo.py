@@ -104,6 +104,7 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
     assert seconds == sorted(seconds) and 0 < seconds[-1] <= report["seconds"]
     assert [event["event"] for event in report["timeline"]][0].startswith("selected:tool_call_precision")
     assert report["live"] == "tool_call_precision" and report["capability"] == "tool_call_precision"
+    assert (report["settings"]["minutes"], report["settings"]["after"]) == (12, 3)  # how it was run, for bench/demo_loop.py
     assert report["selected"]["tool_call_precision"]["delta"] > 0
     assert "target" in report["candidates"]["tool_call_precision@v1"]
     failure = report["failure"]
