@@ -19,33 +19,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from examples.airline.tools import TOOLS as AIRLINE_TOOLS  # noqa: E402
-from trainer import model as models  # noqa: E402
+from bench import airline_model  # noqa: E402
 from trainer import rollouts  # noqa: E402
-from trainer.environment import Environment, load_tools  # noqa: E402
-from trainer.families import load_families  # noqa: E402
 from trainer.rollouts import Sampling, generate_rollouts  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--capability", default="tool_call_precision")
     parser.add_argument("--episodes", type=int, nargs="+", default=[8, 16])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--cache", default=".tracefix/models")
+    airline_model.add_arguments(parser)
     arguments = parser.parse_args()
 
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.set_num_threads(arguments.threads)
-    model_dir = models.resolve(arguments.model, Path(arguments.cache))
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    environment = Environment(load_families()[arguments.capability], load_tools(AIRLINE_TOOLS))
+    tokenizer, model, environment = airline_model.load(arguments)
     sampling = Sampling(arguments.max_new_tokens, 0.0)
     shared_minimum = rollouts.MIN_PREFIX
 

@@ -19,36 +19,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from examples.airline.tools import TOOLS as AIRLINE_TOOLS  # noqa: E402
-from trainer import model as models  # noqa: E402
-from trainer.environment import Environment, load_tools  # noqa: E402
-from trainer.families import load_families  # noqa: E402
+from bench import airline_model  # noqa: E402
 from trainer.grpo import TrainConfig, lora_config  # noqa: E402
 from trainer.rollouts import demonstration  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--capability", default="tool_call_precision")
     parser.add_argument("--batches", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--cache", default=".tracefix/models")
+    airline_model.add_arguments(parser)
     arguments = parser.parse_args()
 
     import torch
     from peft import get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainer.shared_prefix import shared_prefix_length, shared_prefix_loss
 
-    torch.set_num_threads(arguments.threads)
-    model_dir = models.resolve(arguments.model, Path(arguments.cache))
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), lora_config(TrainConfig()))
+    tokenizer, base, environment = airline_model.load(arguments)
+    model = get_peft_model(base, lora_config(TrainConfig()))
     model.train()
-    environment = Environment(load_families()[arguments.capability], load_tools(AIRLINE_TOOLS))
 
     def batch(seeds: range) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         demos = [demonstration(tokenizer, environment.instance(seed)) for seed in seeds]

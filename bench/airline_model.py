@@ -1,0 +1,33 @@
+"""What the prefix benchmarks share: the embedded model (or another) on a number of CPU threads,
+and one capability's environment on the example airline agent's tools."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from examples.airline.tools import TOOLS as AIRLINE_TOOLS
+from trainer import model as models
+from trainer.environment import Environment, load_tools
+from trainer.families import load_families
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--capability", default="tool_call_precision")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--cache", default=".tracefix/models")
+
+
+def load(arguments: argparse.Namespace) -> tuple[Any, Any, Environment]:
+    """(tokenizer, float32 model, environment) for ``add_arguments``' options."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(arguments.threads)
+    model_dir = models.resolve(arguments.model, Path(arguments.cache))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return tokenizer, model, Environment(load_families()[arguments.capability], load_tools(AIRLINE_TOOLS))
