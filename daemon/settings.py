@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 _PACKAGED_DEFAULTS = Path(__file__).with_name("default_config.toml")
 _SOURCE_DEFAULTS = Path(__file__).resolve().parent.parent / "config.toml"
 ENV_PREFIX = "TRACEFIX_"
+CAPABILITY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
 class Section(BaseModel):
@@ -83,6 +84,35 @@ class OutcomeSettings(Section):
     )
 
 
+class EvaluationMapping(Section):
+    name: str = Field(min_length=1, description="The gen_ai.evaluation.name this mapping reads (an LLM judge, a Phoenix or Langfuse check).")
+    capability: str = Field(
+        description="The capability the evaluation labels: a built-in, a plugin's, or a new one named here."
+    )
+    description: str = Field(
+        "", description="What the capability means, for a capability this mapping introduces (shown on the dashboard)."
+    )
+    lacking_labels: list[str] = Field(
+        default_factory=list, description="gen_ai.evaluation.score.label values that mean LACKING (case-insensitive)."
+    )
+    present_labels: list[str] = Field(
+        default_factory=list, description="gen_ai.evaluation.score.label values that mean PRESENT (case-insensitive)."
+    )
+    na_labels: list[str] = Field(
+        default_factory=list, description="gen_ai.evaluation.score.label values that mean the run did not need it."
+    )
+    lacking_below: float | None = Field(
+        None, description="When no label decides: a score below this is LACKING, at or above it PRESENT; none = labels only."
+    )
+
+    @field_validator("capability")
+    @classmethod
+    def _snake_case(cls, value: str) -> str:
+        if not CAPABILITY_NAME.match(value):
+            raise ValueError(f"{value!r} is not a snake_case name (letters, digits, underscores; starts with a letter)")
+        return value
+
+
 class CapabilitySettings(Section):
     state_changing_tools: list[str] = Field(
         default_factory=list, description="Tools that change state, in addition to those matched by prefix."
@@ -99,6 +129,11 @@ class CapabilitySettings(Section):
     loop_repeats: int = Field(3, ge=2, description="This many identical consecutive calls are a loop.")
     max_turns: int = Field(0, ge=0, description="A run with this many assistant turns hit the turn limit; 0 = none.")
     disabled: list[str] = Field(default_factory=list, description="Capability plugins not to load, by name.")
+    evaluations: list[EvaluationMapping] = Field(
+        default_factory=list,
+        description="Your evaluators as labels: [[capabilities.evaluations]] maps a gen_ai.evaluation.name to a capability"
+        " (docs/capabilities.md); such an evaluation is that capability's label wherever it arrived.",
+    )
 
     def changes_state(self, tool: str) -> bool:
         """Whether calling `tool` changes state: the labelers and the environments both ask this."""
@@ -269,7 +304,6 @@ class DashboardSettings(Section):
     timeout_s: float = Field(10.0, gt=0, description="Timeout of one daemon API request from the dashboard.")
 
 
-CAPABILITY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
 
