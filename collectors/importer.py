@@ -7,7 +7,7 @@ are validated, deduplicated and stored exactly like it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,14 +57,21 @@ def import_file(path: Path, endpoint: str, token: str = "", timeout_s: float = 6
     """Post every request of `path` to the collector at `endpoint` (http://host:port)."""
     if not path.is_file():
         raise ImportFailed(f"no such file: {path}")
+    return import_requests(_requests(path), endpoint, token, timeout_s)
+
+
+def import_requests(
+    documents: Iterable[tuple[int, Any]], endpoint: str, token: str = "", timeout_s: float = 60.0, unit: str = "line"
+) -> ImportReport:
+    """Post OTLP/JSON export requests, numbered (`unit` N) for the error messages, to the collector at `endpoint`."""
     report = ImportReport()
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     with httpx.Client(base_url=endpoint, timeout=timeout_s, headers=headers) as http:
-        for line, document in _requests(path):
+        for line, document in documents:
             if isinstance(document, Exception) or not isinstance(document, dict):
-                report.errors.append(f"line {line}: not a JSON object")
+                report.errors.append(f"{unit} {line}: not a JSON object")
                 continue
             if "resourceSpans" in document or "resource_spans" in document:
                 route, rejected_key, kind = "/v1/traces", "rejectedSpans", "spans"
@@ -77,7 +84,7 @@ def import_file(path: Path, endpoint: str, token: str = "", timeout_s: float = 6
                     document, "resource_logs", "scope_logs", "log_records"
                 )
             else:
-                report.errors.append(f"line {line}: neither resourceSpans nor resourceLogs")
+                report.errors.append(f"{unit} {line}: neither resourceSpans nor resourceLogs")
                 continue
             try:
                 response = http.post(route, content=orjson.dumps(document))
@@ -90,7 +97,7 @@ def import_file(path: Path, endpoint: str, token: str = "", timeout_s: float = 6
                     message = response.json().get("message", response.text)
                 except ValueError:
                     message = response.text
-                report.errors.append(f"line {line}: {response.status_code} {message}")
+                report.errors.append(f"{unit} {line}: {response.status_code} {message}")
                 continue
             partial = (response.json() or {}).get("partialSuccess") or {}
             rejected = int(partial.get(rejected_key, 0) or 0)
@@ -99,5 +106,5 @@ def import_file(path: Path, endpoint: str, token: str = "", timeout_s: float = 6
             report.rejected += rejected
             setattr(report, kind, getattr(report, kind) + sent - rejected)
             if rejected:
-                report.errors.append(f"line {line}: {partial.get('errorMessage', '')}")
+                report.errors.append(f"{unit} {line}: {partial.get('errorMessage', '')}")
     return report

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from daemon import metrics
 from daemon.settings import Settings
+from daemon.diagnosis import capability_diagnosis
 from daemon.auth import bearer_matches, stored_token
 from daemon.promotion import IllegalTransition, NotFound
 from daemon.routing_stats import routing_latency, served
@@ -129,7 +130,9 @@ def create_api(daemon: Daemon) -> FastAPI:
 
     @api.get("/api/capabilities")
     def capabilities() -> dict[str, Any]:
-        return {"items": daemon.capability_overview()}
+        """Each capability's overview, and a diagnosis (or null) when failures go unexplained by rules alone."""
+        items = daemon.capability_overview()
+        return {"items": items, "diagnosis": capability_diagnosis(items, daemon.settings)}
 
     @api.get("/api/capabilities/{name}")
     def capability(name: str, window: str | None = None) -> dict[str, Any]:
@@ -307,7 +310,7 @@ def create_api(daemon: Daemon) -> FastAPI:
         items, total = daemon.analysis_store.list_trajectories(capability, label, outcome, service, limit, offset)
         return {"items": items, "total": total, "limit": limit, "offset": offset}
 
-    @api.get("/api/trajectories/{trajectory_id}")
+    @api.get("/api/trajectories/{trajectory_id:path}")
     def trajectory(trajectory_id: str) -> dict[str, Any]:
         found = daemon.analysis_store.trajectory(trajectory_id)
         if found is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -232,12 +233,23 @@ def _client_call(config_path: Path | None, method: str, path: str, body: Any = N
         client.close()
 
 
+MISSING = "—"  # a statistic without data (ER+ when no successful run needed the capability)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
 def _rate(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2f}"
+    return MISSING if _missing(value) else f"{value:.2f}"
 
 
 def _interval(low: float | None, high: float | None) -> str:
-    return "" if low is None else f" [{low:.2f}–{high:.2f}]"
+    return "" if _missing(low) or _missing(high) else f" [{low:.2f}–{high:.2f}]"
+
+
+def _rank(value: int | None) -> str:
+    return MISSING if _missing(value) else str(value)
 
 
 @main.command()
@@ -248,15 +260,16 @@ def _interval(low: float | None, high: float | None) -> str:
 def capabilities(config_path: Path | None, as_json: bool, window: str | None, examples: int) -> None:
     """Per-capability gap statistics, selection and trigger state, with evidence for the selected ones."""
     data = _client_call(config_path, "GET", "/api/capabilities")
-    items = data["items"]
+    items, diagnosis = data["items"], data.get("diagnosis")
     if as_json:
         for item in items:
             if item["selected"] and examples:
                 item["evidence"] = _evidence(config_path, item["name"], examples)["items"]
-        _print_json(items)
+        _print_json({"items": items, "diagnosis": diagnosis})
         return
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     settings = _settings(config_path)
     window = window or settings.analysis.selection_window
@@ -267,19 +280,21 @@ def capabilities(config_path: Path | None, as_json: bool, window: str | None, ex
         stats = item["windows"].get(window) or {}
         style = "bold red" if item["selected"] else None
         table.add_row(
-            str(item["rank"] or ""),
+            _rank(item["rank"]),
             item["name"],
             item["state"],
             _rate(stats.get("er_plus")) + _interval(stats.get("er_plus_low"), stats.get("er_plus_high")),
             _rate(stats.get("er_minus")) + _interval(stats.get("er_minus_low"), stats.get("er_minus_high")),
             _rate(stats.get("delta")),
             _rate(stats.get("coverage")),
-            f"{stats.get('lacking_failure', 0)}/{stats.get('needed_failure', 0)}",
+            f"{stats['lacking_failure']}/{stats['needed_failure']}" if stats else MISSING,
             _rate(stats.get("failure_rate")) + _interval(stats.get("failure_rate_low"), stats.get("failure_rate_high")),
             style=style,
         )
     console = Console()
     console.print(table)
+    if diagnosis:  # plain text: its [llm] and [[llm.custom]] are settings, not console markup
+        console.print(Text(diagnosis["message"], style="yellow"))
     for item in items:
         if item["selected"] or item["state"] != "healthy":
             console.print(f"[bold]{item['name']}[/bold] {item['state']}: {item['state_reason']}")
@@ -762,19 +777,43 @@ def adapters_rollback(adapter_id: int, reason: str, config_path: Path | None, as
 
 @main.command(name="import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--format", "run_format", type=click.Choice(["otlp", "tau-bench", "tau2-bench"]), default="otlp", show_default=True,
+    help="otlp: OTLP/JSON export requests; tau-bench / tau2-bench: a benchmark's recorded runs, sent as GenAI traces.",
+)  # fmt: skip
+@click.option(
+    "--tools", "tools_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Tool definitions (OpenAI function format) the runs were given, for formats whose runs do not carry them.",
+)  # fmt: skip
+@click.option("--service-name", default=None, help="service.name of imported runs (default: the format's name).")
+@click.option("--agent-name", default=None, help="gen_ai.agent.name of imported runs (default: the file's name).")
+@click.option("--model", default=None, help="gen_ai.request.model of imported runs, when the file does not say.")
 @config_option
 @json_option
-def import_(file: Path, config_path: Path | None, as_json: bool) -> None:
-    """Load an OTLP/JSON file (one export request per line, or one document) through the collector."""
-    from collectors.importer import ImportFailed, import_file
+def import_(
+    file: Path, run_format: str, tools_path: Path | None, service_name: str | None, agent_name: str | None,
+    model: str | None, config_path: Path | None, as_json: bool,
+) -> None:  # fmt: skip
+    """Load runs you already have through the collector: OTLP/JSON (one export request per line, or one
+    document), or τ-bench / τ²-bench results turned into the traces an instrumented agent sends."""
+    from collectors.agent_runs import RunFormatError, read_runs, trace_requests
+    from collectors.importer import ImportFailed, import_file, import_requests
 
     settings = _settings(config_path)
     host = settings.collector.host if settings.collector.host not in ("0.0.0.0", "::") else "127.0.0.1"
     if not settings.collector.http_port:
         raise click.ClickException("the OTLP/HTTP receiver is disabled ([collector] http_port = 0)")
+    endpoint = f"http://{host}:{settings.collector.http_port}"
     try:
-        report = import_file(file, f"http://{host}:{settings.collector.http_port}", settings.collector.token)
-    except ImportFailed as error:
+        if run_format == "otlp":
+            if tools_path is not None:
+                raise click.ClickException("--tools applies to --format tau-bench or tau2-bench")
+            report = import_file(file, endpoint, settings.collector.token)
+        else:
+            runs = list(read_runs(file, run_format, tools_path))
+            requests = trace_requests(runs, service_name or run_format, agent_name or file.stem, model)
+            report = import_requests(enumerate(requests, start=1), endpoint, settings.collector.token, unit="run")
+    except (ImportFailed, RunFormatError) as error:
         raise click.ClickException(str(error)) from None
     summary = {
         "requests": report.requests,

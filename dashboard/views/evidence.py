@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 import streamlit as st
 
@@ -37,7 +38,7 @@ def render_side(context: PageContext, capability: str, label: str, outcome: str 
         key=f"evidence_{capability}_{label}_{outcome}", label_visibility="collapsed",
     )  # fmt: skip
     chosen = by_id[chosen_id]
-    trajectory = context.api.get(f"/api/trajectories/{chosen['trajectory_id']}")
+    trajectory = context.api.get(f"/api/trajectories/{quote(chosen['trajectory_id'], safe='')}")
     labels = [row for row in trajectory.get("labels") or [] if row["capability"] == capability]
     reason = chosen.get("reason") or (labels[0]["reason"] if labels else None)
     span_ids = chosen.get("span_ids") or [span for row in labels for span in row.get("span_ids") or []]
