@@ -18,12 +18,11 @@ import orjson
 
 from collectors.dialects import Message, SpanView, ToolExecution, interpret
 from daemon import metrics
+from daemon.evaluation_labels import EVALUATION_EVENT, event_attributes
 from daemon.settings import AssemblerSettings, OutcomeSettings
 from daemon.store import DerivedRows, Store
 
 log = logging.getLogger(__name__)
-
-EVALUATION_EVENT = "gen_ai.evaluation.result"
 
 
 def _json(value: Any) -> Any:
@@ -96,17 +95,28 @@ def merge_transcript(transcript: list[_Entry], incoming: Iterable[Message], trac
 
 
 class OutcomeRules:
-    """Reads success or failure out of evaluation events and root-span attributes."""
+    """Reads success or failure out of evaluation events and root-span attributes.
 
-    def __init__(self, settings: OutcomeSettings) -> None:
+    Evaluations in `capability_evaluations` judge a capability ([[capabilities.evaluations]]), not
+    the run, so they never decide an outcome.
+    """
+
+    def __init__(self, settings: OutcomeSettings, capability_evaluations: Iterable[str] = ()) -> None:
         self.success = {label.lower() for label in settings.success_labels}
         self.failure = {label.lower() for label in settings.failure_labels}
         self.threshold = settings.success_threshold
         self.names = set(settings.evaluation_names)
+        self.capability_evaluations = set(capability_evaluations)
+        for name in sorted(self.names & self.capability_evaluations):
+            log.warning(
+                "evaluation %r is in [outcome] evaluation_names but mapped to a capability: it decides no outcome", name
+            )
 
     def evaluation(self, attributes: dict[str, Any]) -> tuple[str, float | None, str] | None:
         name = attributes.get("gen_ai.evaluation.name")
         if self.names and name not in self.names:
+            return None
+        if isinstance(name, str) and name.strip() in self.capability_evaluations:
             return None
         label = attributes.get("gen_ai.evaluation.score.label")
         score = attributes.get("gen_ai.evaluation.score.value")
@@ -148,10 +158,11 @@ class Assembler:
         settings: AssemblerSettings,
         outcome: OutcomeSettings,
         committed_batch: Callable[[], int] | None = None,
+        capability_evaluations: Iterable[str] = (),
     ) -> None:
         self.store = store
         self.settings = settings
-        self.rules = OutcomeRules(outcome)
+        self.rules = OutcomeRules(outcome, capability_evaluations)
         self.position = store.assembler_position()
         self._committed_batch = committed_batch or (lambda: max(self.position))
         # Every ingest batch up to this one is assembled (spans and logs share one batch sequence).
@@ -425,11 +436,7 @@ class Assembler:
         for record in logs:
             if record["event_name"] != EVALUATION_EVENT:
                 continue
-            attributes = _json(record["attributes"]) or {}
-            body = _json(record["body"])
-            if isinstance(body, dict):  # older event APIs put the payload in the body
-                attributes = {**body, **attributes}
-            decided = self.rules.evaluation(attributes)
+            decided = self.rules.evaluation(event_attributes(_json(record["attributes"]), _json(record["body"])))
             if decided:
                 outcome, reward, detail = decided
                 outcomes.append(
@@ -439,7 +446,7 @@ class Assembler:
             for index, event in enumerate(events):
                 if not isinstance(event, dict) or event.get("name") != EVALUATION_EVENT:
                     continue
-                decided = self.rules.evaluation(event.get("attributes") or {})
+                decided = self.rules.evaluation(event_attributes(event.get("attributes")))
                 if decided:
                     outcome, reward, detail = decided
                     evidence = f"{span['span_id']}#{index}"

@@ -18,7 +18,10 @@ from typing import Any
 import orjson
 
 from daemon import metrics
-from daemon.capabilities import Capability, CapabilityRegistry, Judgement, Label, ToolCall, ToolSpec, Trajectory, Turn
+from daemon.capabilities import (
+    Capability, CapabilityRegistry, Evaluation, Judgement, Label, ToolCall, ToolSpec, Trajectory, Turn,
+)  # fmt: skip
+from daemon.evaluation_labels import EvaluationLabeler, log_evaluation, span_evaluations
 from daemon.settings import AnalysisSettings
 from daemon.store import AnalysisStore, Store
 
@@ -120,7 +123,9 @@ class Analyzer:
 
         `batches`, when given, receives each trajectory's assembly batch (labels record it).
         """
-        data = self.store.labeling_inputs(trajectory_ids)
+        # Evaluation events are read only when a capability is labeled by them ([[capabilities.evaluations]]).
+        mapped = any(isinstance(capability.labeler, EvaluationLabeler) for capability in self.registry)
+        data = self.store.labeling_inputs(trajectory_ids, evaluations=mapped)
         if batches is not None:
             batches.update((row["trajectory_id"], row["updated_batch"]) for row in data["trajectories"])
         turns: dict[str, list[Turn]] = defaultdict(list)
@@ -135,6 +140,13 @@ class Analyzer:
         agent: dict[str, dict[str, ToolSpec]] = defaultdict(dict)
         for service, name, description, parameters in data["agent_tools"]:
             agent[service][name] = ToolSpec(name, description, orjson.loads(parameters) if parameters else None)
+        evaluations: dict[str, list[Evaluation]] = defaultdict(list)
+        for trajectory_id, span_id, end_time, events in data["evaluation_spans"]:
+            evaluations[trajectory_id].extend(span_evaluations(span_id, end_time, events))
+        for trajectory_id, span_id, time_unix_nano, attributes, body in data["evaluation_logs"]:
+            evaluation = log_evaluation(span_id, time_unix_nano, attributes, body)
+            if evaluation is not None:
+                evaluations[trajectory_id].append(evaluation)
         inferred: dict[str, dict[str, ToolSpec]] = {}
         result = []
         for row in data["trajectories"]:
@@ -146,10 +158,11 @@ class Analyzer:
                 if service not in inferred:
                     inferred[service] = infer_schemas(self.store.observed_arguments(service))
                 tools, source = inferred[service], "inferred"
+            found = sorted(evaluations.get(trajectory_id, []), key=lambda evaluation: evaluation.time_unix_nano)
             result.append(
                 Trajectory(
                     trajectory_id, service, row["outcome"], turns.get(trajectory_id, []),
-                    calls.get(trajectory_id, []), tools or {}, source,
+                    calls.get(trajectory_id, []), tools or {}, source, found,
                 )  # fmt: skip
             )
         return result

@@ -93,6 +93,18 @@ class ToolSpec:
     parameters: dict[str, Any] | None
 
 
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """One ``gen_ai.evaluation.result`` event of the trajectory, from a span event or a log record."""
+
+    name: str
+    label: str | None
+    score: float | None
+    explanation: str | None
+    span_id: str | None  # the span that carried the event, or the log record's span
+    time_unix_nano: int
+
+
 @dataclass(slots=True)
 class Trajectory:
     """What labelers see: the conversation, the tool calls and the tools the agent declared."""
@@ -106,6 +118,8 @@ class Trajectory:
     # Where the tools came from: "trajectory", "agent" (other trajectories of the same service)
     # or "inferred" (from the calls themselves; labels based on them are less certain).
     tools_source: str = "trajectory"
+    # The evaluators' verdicts on this run; [[capabilities.evaluations]] maps them to capabilities.
+    evaluations: list[Evaluation] = field(default_factory=list)
 
     def turn(self, position: int | None) -> Turn | None:
         if position is None or not (0 <= position < len(self.turns)):
@@ -166,7 +180,8 @@ class CapabilityRegistry:
 
 
 def load_registry(settings: CapabilitySettings, llm: LLMSettings | None = None) -> CapabilityRegistry:
-    """Load every capability plugin, then the LLM-labeled ones from config; a broken one is reported, not fatal."""
+    """Load every capability plugin, then the LLM-labeled ones from config, then the evaluation mappings
+    ([[capabilities.evaluations]]); a broken plugin is reported, not fatal."""
     registry = CapabilityRegistry()
     disabled = set(settings.disabled)
     for entry_point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda item: item.name):
@@ -196,4 +211,8 @@ def load_registry(settings: CapabilitySettings, llm: LLMSettings | None = None) 
         message = f"capabilities declared in [[llm.custom]] are not labeled while [llm] enabled = false: {names}"
         log.warning(message)
         registry.errors.append(message)
+    if settings.evaluations:
+        from daemon.evaluation_labels import label_with_evaluations  # late: it imports this module
+
+        label_with_evaluations(registry, settings.evaluations)
     return registry

@@ -67,8 +67,9 @@ class Daemon:
         )  # fmt: skip
         self.ingestor = Ingestor(self.writer, limits)
         self.assembler = Assembler(
-            self.store, settings.assembler, settings.outcome, lambda: self.writer.committed_batch
-        )
+            self.store, settings.assembler, settings.outcome, lambda: self.writer.committed_batch,
+            capability_evaluations=[mapping.name for mapping in settings.capabilities.evaluations],
+        )  # fmt: skip
         self.registry = load_registry(settings.capabilities, settings.llm)
         self.analysis_store = AnalysisStore(self.store)
         self.analyzer = Analyzer(self.store, self.registry, settings.analysis)

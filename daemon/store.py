@@ -14,6 +14,7 @@ import duckdb
 import orjson
 import pyarrow as pa
 
+from daemon.evaluation_labels import EVALUATION_EVENT
 from daemon.migrations import MIGRATIONS, Migration
 from daemon.settings import StoreSettings
 
@@ -460,12 +461,17 @@ class AnalysisStore:
     def last_assembled_batch(self) -> int:
         return self.store.cursor.execute("SELECT coalesce(max(updated_batch), 0) FROM trajectories").fetchall()[0][0]
 
-    def labeling_inputs(self, trajectory_ids: list[str]) -> dict[str, Any]:
-        """Everything labelers read for these trajectories, fetched in a handful of bulk queries."""
+    def labeling_inputs(self, trajectory_ids: list[str], evaluations: bool = False) -> dict[str, Any]:
+        """Everything labelers read for these trajectories, fetched in a handful of bulk queries.
+
+        With `evaluations`, also their gen_ai.evaluation.result span events and log records
+        ("evaluation_spans", "evaluation_logs"), for the labelers of [[capabilities.evaluations]].
+        """
         cursor = self.store.cursor
         trajectories = _dicts(
             cursor.execute(
-                "SELECT t.trajectory_id, t.service_name, t.updated_batch, o.outcome FROM trajectories t "
+                "SELECT t.trajectory_id, t.service_name, t.updated_batch, t.start_time_unix_nano, "
+                "t.end_time_unix_nano, o.outcome FROM trajectories t "
                 "JOIN trajectory_outcomes o USING (trajectory_id) "
                 "WHERE t.trajectory_id IN (SELECT unnest(?::VARCHAR[]))",
                 [trajectory_ids],
@@ -474,7 +480,9 @@ class AnalysisStore:
         # Rows carry their trajectory's batch: the filter lets DuckDB skip older row groups.
         oldest = min((row["updated_batch"] for row in trajectories), default=0)
         ids = [oldest, trajectory_ids]
+        found = self._evaluation_events(trajectories) if evaluations else {"evaluation_spans": [], "evaluation_logs": []}
         return {
+            **found,
             "trajectories": trajectories,
             "messages": cursor.execute(
                 "SELECT trajectory_id, position, role, content, tool_calls, tool_call_id, span_id FROM messages "
@@ -499,6 +507,38 @@ class AnalysisStore:
                 [sorted({row["service_name"] for row in trajectories})],
             ).fetchall(),
         }
+
+    def _evaluation_events(self, trajectories: list[dict[str, Any]]) -> dict[str, list[tuple]]:
+        """The gen_ai.evaluation.result span events and log records of these trajectories, as stored.
+
+        Spans: (trajectory_id, span_id, end_time_unix_nano, events); the time range of the
+        trajectories lets DuckDB skip row groups of older spans. Log records, which may come at any
+        time after the run: (trajectory_id, span_id, time_unix_nano, attributes, body), joined by
+        trace, or by conversation when they carry no trace (as assembly joins them).
+        """
+        if not trajectories:
+            return {"evaluation_spans": [], "evaluation_logs": []}
+        cursor = self.store.cursor
+        ids = [row["trajectory_id"] for row in trajectories]
+        first = min(row["start_time_unix_nano"] for row in trajectories)
+        last = max(row["end_time_unix_nano"] for row in trajectories)
+        spans = cursor.execute(
+            "SELECT m.trajectory_id, s.span_id, s.end_time_unix_nano, s.events FROM spans s "
+            "JOIN trace_trajectories m USING (trace_id) "
+            "WHERE s.start_time_unix_nano BETWEEN ? AND ? AND contains(s.events, ?) "
+            "AND m.trajectory_id IN (SELECT unnest(?::VARCHAR[])) "
+            "ORDER BY m.trajectory_id, s.start_time_unix_nano, s.span_id",
+            [first, last, EVALUATION_EVENT, ids],
+        ).fetchall()
+        logs = cursor.execute(
+            "SELECT coalesce(m.trajectory_id, l.conversation_id) AS trajectory_id, l.span_id, l.time_unix_nano, "
+            "l.attributes, l.body FROM logs l LEFT JOIN trace_trajectories m USING (trace_id) "
+            "WHERE l.event_name = ? AND (m.trajectory_id IN (SELECT unnest(?::VARCHAR[])) "
+            "OR (l.trace_id IS NULL AND l.conversation_id IN (SELECT unnest(?::VARCHAR[])))) "
+            "ORDER BY trajectory_id, l.time_unix_nano, l.log_id",
+            [EVALUATION_EVENT, ids, ids],
+        ).fetchall()
+        return {"evaluation_spans": spans, "evaluation_logs": logs}
 
     def replace_labels(self, trajectory_ids: list[str], labelers: Sequence[tuple[str, str]], rows: list[tuple]) -> None:
         """Swap in new labels for these trajectories (for the given capability/labeler pairs) atomically."""
