@@ -8,6 +8,7 @@ deterministic, no model.
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,11 @@ _DATE_LIKE = re.compile(r"^\d{4}-\d{2}-\d{2}")
 _ID_KEY = re.compile(r"(^|_)(id|ids|number|code|ref|reference)$", re.IGNORECASE)
 # A stated number: not part of an id (R-48213), a date (2025-06-01), a time (06:45) or a version.
 _NUMBER = re.compile(r"(?<![\w.:/-])[$€£]?\s?(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?![\w:/-]|\.\d)")
+
+
+def _words(text: str) -> list[str]:
+    """Whitespace-separated words without surrounding punctuation ("ID: H9ZU1C." -> "H9ZU1C")."""
+    return [word.strip(".,;:!?()[]{}\"'`*") for word in text.split()]
 
 
 def _span(call_or_turn: Any) -> tuple[str, ...]:
@@ -112,7 +118,7 @@ class ToolCallPrecision:
     tool is named for (get_baggage_policy: "baggage")."""
 
     name: str = "rules.tool_call_precision"
-    version: str = "2"
+    version: str = "3"
     # Checking a schema costs far more than validating against it; agents reuse a few schemas.
     _validators: dict[bytes, Any] = field(default_factory=dict)
 
@@ -173,6 +179,10 @@ class ToolCallPrecision:
         })  # fmt: skip
         if not topics:
             return Judgement(Label.NA, "no tool calls, and nothing asked that a tool is named for")
+        given = [word for turn in trajectory.turns if turn.role == "user" for word in _words(turn.content) if _ID_VALUE.match(word)]
+        if not given:
+            # "I don't have my reservation id": no tool could be called with what the user gave.
+            return Judgement(Label.NA, f"asked about {', '.join(topics[:3])} but gave no identifier a tool could look up")
         evidence = (answer.span_id,) if answer.span_id else ()
         return Judgement(
             Label.LACKING,
@@ -215,13 +225,42 @@ class ArgumentGrounding:
         return Judgement(Label.PRESENT, f"identifiers of {grounded_calls} calls come from the context")
 
 
+def _entity(call: ToolCall) -> tuple[str, str] | None:
+    """The (argument, value) naming what a state-changing call changes: the id argument named after
+    the tool's object (update_reservation_flights: `reservation_id`), else its first id argument."""
+    arguments = call.parsed_arguments()
+    if not isinstance(arguments, dict):
+        return None
+    keyed = [(key, str(value)) for key, value in arguments.items() if _ID_KEY.search(key) and isinstance(value, (str, int))]
+    words = set(call.name.lower().split("_")) - _GENERIC_VERBS
+    for key, value in keyed:
+        if key.lower().rsplit("_", 1)[0] in words:
+            return key, value
+    return keyed[0] if keyed else None
+
+
+def _reads_entity(call: ToolCall, entity: tuple[str, str]) -> bool:
+    """A call read the entity when it was asked about it or returned its record (`"reservation_id": "X"`)."""
+    return any(str(found) == entity[1] for _, found in _walk(call.parsed_arguments())) or _returns_entity(call, entity)
+
+
+def _returns_entity(call: ToolCall, entity: tuple[str, str]) -> bool:
+    key, value = entity
+    try:
+        result = orjson.loads(call.result) if call.result else None
+    except orjson.JSONDecodeError:
+        return False
+    return any(found_key == key and str(found) == value for found_key, found in _walk(result))
+
+
 @dataclass(slots=True)
 class PreconditionVerification:
-    """LACKING when a state-changing tool runs without a prior read or without the user's confirmation."""
+    """LACKING when a state-changing call changes an entity the agent never read, or runs without the
+    user's explicit confirmation given after that read."""
 
     settings: CapabilitySettings
     name: str = "rules.precondition_verification"
-    version: str = RULES_VERSION
+    version: str = "2"
 
     def changes_state(self, tool: str) -> bool:
         return self.settings.changes_state(tool)
@@ -235,21 +274,23 @@ class PreconditionVerification:
         if not writes:
             return Judgement(Label.NA, "no state-changing tool was called")
         for write in writes:
-            ids = set(_id_values(write.parsed_arguments()))
+            entity = _entity(write)
+            # A read of what the write changes; a change that returned the record (a booking) shows it too.
             reads = [
-                call
-                for call in trajectory.tool_calls[: write.position]
-                if not self.changes_state(call.name)
-                and not call.failed
-                and (not ids or ids & set(_id_values(call.parsed_arguments())) or any(i in (call.result or "") for i in ids))
-            ]
+                call for call in trajectory.tool_calls[: write.position]
+                if not call.failed and (
+                    (not self.changes_state(call.name) and (entity is None or _reads_entity(call, entity)))
+                    or (entity is not None and self.changes_state(call.name) and _returns_entity(call, entity))
+                )
+            ]  # fmt: skip
             if not reads:
-                subject = f" of {', '.join(sorted(ids))}" if ids else ""
+                subject = f" of {entity[0]} {entity[1]}" if entity else ""
                 return Judgement(Label.LACKING, f"{write.name} called without a prior read{subject}", _span(write))
-            after_read = _turn_of(trajectory, reads[-1])
+            # The yes must come after the agent could show what it read; one yes may approve several changes.
+            since = _turn_of(trajectory, reads[0])
             before_write = _turn_of(trajectory, write)
             confirmation = [
-                turn for turn in trajectory.turns[after_read:before_write] if turn.role == "user" and self.confirms(turn.content)
+                turn for turn in trajectory.turns[since:before_write] if turn.role == "user" and self.confirms(turn.content)
             ]
             if not confirmation:
                 return Judgement(
@@ -290,11 +331,15 @@ class ErrorRecovery:
 
 @dataclass(slots=True)
 class MultiStepCompletion:
-    """LACKING when the run stops before its final step, loops, or hits the turn limit."""
+    """LACKING when the run stops after a tool call without a final answer, loops, or hits the turn limit.
+
+    A run may end on the user's turn ("thanks, that's all") or in a hand-off to a person that the
+    agent's policy asks for (transfer_to_human_agents): both have ended.
+    """
 
     settings: CapabilitySettings
     name: str = "rules.multi_step_completion"
-    version: str = RULES_VERSION
+    version: str = "2"
 
     def label(self, trajectory: Trajectory) -> Judgement:
         calls = trajectory.tool_calls
@@ -309,41 +354,88 @@ class MultiStepCompletion:
         assistant_turns = [turn for turn in trajectory.turns if turn.role == "assistant"]
         if self.settings.max_turns and len(assistant_turns) >= self.settings.max_turns:
             return Judgement(Label.LACKING, f"hit the turn limit of {self.settings.max_turns}", _span(assistant_turns[-1]))
-        last = trajectory.turns[-1] if trajectory.turns else None
-        if last is None:
-            return Judgement(Label.NA, "no conversation recorded")
-        if last.role != "assistant" or last.tool_calls or not last.content.strip():
+        if not assistant_turns:
+            return Judgement(Label.NA, "no assistant turn recorded")
+        last = assistant_turns[-1]
+        after = trajectory.turns[last.position + 1 :] if last.position < len(trajectory.turns) else []
+        if last.tool_calls or (not last.content.strip() and any(turn.role == "tool" for turn in after)):
+            final = calls[-1]
+            if self.settings.hands_off(final.name) and not final.failed:
+                return Judgement(Label.PRESENT, f"{len(calls)} calls, then a hand-off to a person ({final.name})")
             return Judgement(
-                Label.LACKING, f"the run stops after a {last.role} {'tool call' if last.tool_calls else 'turn'} without a final answer",
-                _span(last),
+                Label.LACKING, f"the run stops after calling {final.name} without a final answer", _span(final)
             )  # fmt: skip
+        if not last.content.strip():
+            return Judgement(Label.LACKING, "the run ends on an empty assistant turn", _span(last))
         return Judgement(Label.PRESENT, f"{len(calls)} dependent calls ran to a final answer")
+
+
+_MONTH = r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)"
+# A number that is part of a date ("May 21, 2024", "21 May"), a time ("10 am") or a duration ("24 hours").
+_DATE_BEFORE = re.compile(rf"\b{_MONTH}\.?\s+(?:\d{{1,2}}(?:st|nd|rd|th)?,?\s+)?$", re.IGNORECASE)
+_AFTER_NUMBER = re.compile(
+    rf"^(?:st|nd|rd|th)?\s*(?:,?\s*(?:of\s+)?{_MONTH}\b|[ap]\.?m\b|(?:business\s+|calendar\s+)?(?:hours?|hrs?|minutes?|mins?|days?|weeks?|months?|years?)\b)",
+    re.IGNORECASE,
+)
+
+
+def _numbers_in(text: str) -> list[float]:
+    return [float(match.group(1).replace(",", "")) for match in _NUMBER.finditer(text)]
+
+
+def _is_date_or_time(text: str, match: re.Match[str], value: float) -> bool:
+    if "." not in match.group(1) and not match.group(0).lstrip().startswith(("$", "€", "£")) and 1900 <= value <= 2100:
+        return True  # a year
+    return bool(_DATE_BEFORE.search(text[max(0, match.start() - 24) : match.start()])) or bool(
+        _AFTER_NUMBER.match(text[match.end() : match.end() + 24])
+    )
 
 
 @dataclass(slots=True)
 class StructuredDataReasoning:
-    """LACKING when a number the agent states or writes contradicts the tool results it read."""
+    """LACKING when a number the agent states contradicts what it read: no tool result supports it,
+    as a value, a total or a simple result of two values.
+
+    Numbers of dates, years, times and durations are not claims about records, nor are numbers the
+    instructions (the policy: "$50 per bag", "24 hours") or the user's own words gave it.
+    """
 
     name: str = "rules.structured_data_reasoning"
-    version: str = RULES_VERSION
+    version: str = "2"
 
     def label(self, trajectory: Trajectory) -> Judgement:
-        numbers: list[float] = []
+        record_numbers: list[float] = []
         by_key: dict[str, float] = {}
+        totals: list[float] = []  # per key: over all results, and within each result (one record's prices)
+        results_at: dict[int, list[str]] = defaultdict(list)  # message position -> tool results read there
         for call in trajectory.tool_calls:
+            results_at[_turn_of(trajectory, call)].append(call.result or "")
             try:
                 result = orjson.loads(call.result) if call.result else None
             except orjson.JSONDecodeError:
-                continue
+                result = None
+            within: dict[str, float] = {}
             for key, value in _walk(result):
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    numbers.append(float(value))
+                    record_numbers.append(float(value))
                     by_key[key] = by_key.get(key, 0.0) + float(value)
-        if not numbers:
+                    within[key] = within.get(key, 0.0) + float(value)
+            totals.extend(within.values())
+            record_numbers.extend(_numbers_in(call.result or "") if result is None or isinstance(result, (str, int, float)) else [])
+        if not record_numbers:
             return Judgement(Label.NA, "no tool returned numeric records")
-        supported = _Derivable(numbers, by_key.values())
+        # The digits of ids (gift_card_5094406 said as "gift card 5094406") name a record, they are no claim.
+        quoted = {float(digits) for call in trajectory.tool_calls for digits in re.findall(r"\d{4,}", call.result or "")}
+        known: list[float] = []  # what the agent had read or been told before each turn
+        supported: _Derivable | None = None
         stated = 0
         for turn in trajectory.turns:
+            if turn.role != "assistant":
+                known.extend(_numbers_in(turn.content or ""))
+                supported = None
+            for text in results_at.pop(turn.position, ()):
+                known.extend(_numbers_in(text))
+                supported = None
             if turn.role != "assistant" or not turn.content:
                 continue
             for match in _NUMBER.finditer(turn.content):
@@ -351,7 +443,11 @@ class StructuredDataReasoning:
                 value = float(match.group(1).replace(",", ""))
                 if not ("$" in text or "€" in text or "£" in text or "." in match.group(1) or value >= 10):
                     continue  # small bare integers are usually counts or list markers
+                if _is_date_or_time(turn.content, match, value):
+                    continue
                 stated += 1
+                if supported is None:
+                    supported = _Derivable([*record_numbers, *known], [*by_key.values(), *totals], quoted)
                 if not supported(value):
                     return Judgement(
                         Label.LACKING, f"states {text.strip()} which no returned record supports (message {turn.position})",
@@ -369,10 +465,13 @@ class _Derivable:
     lookup per number read instead of materialising every pair.
     """
 
-    def __init__(self, numbers: list[float], totals: Iterable[float]) -> None:
+    def __init__(self, numbers: list[float], totals: Iterable[float], quoted: Iterable[float] = ()) -> None:
         self.numbers = numbers
         self.cents = {round(value * 100) for value in numbers}
-        self.direct = self.cents | {round(sum(numbers) * 100), len(numbers) * 100} | {round(t * 100) for t in totals}
+        self.direct = (
+            self.cents | {round(sum(numbers) * 100), len(numbers) * 100} | {round(t * 100) for t in totals}
+            | {round(q * 100) for q in quoted}
+        )  # fmt: skip
 
     def __call__(self, value: float) -> bool:
         target = round(value * 100)

@@ -126,6 +126,11 @@ class CapabilitySettings(Section):
     confirmation_phrases: list[str] = Field(
         default_factory=list, description="A user turn containing one of these confirms a pending change."
     )
+    handoff_tools: list[str] = Field(
+        default_factory=lambda: ["transfer_to_human", "handoff", "hand_off", "escalate"],
+        description="A tool whose name contains one of these hands the conversation to a person: it changes no state,"
+        " and a run that ends in one has ended.",
+    )
     loop_repeats: int = Field(3, ge=2, description="This many identical consecutive calls are a loop.")
     max_turns: int = Field(0, ge=0, description="A run with this many assistant turns hit the turn limit; 0 = none.")
     disabled: list[str] = Field(default_factory=list, description="Capability plugins not to load, by name.")
@@ -137,7 +142,14 @@ class CapabilitySettings(Section):
 
     def changes_state(self, tool: str) -> bool:
         """Whether calling `tool` changes state: the labelers and the environments both ask this."""
-        return tool in self.state_changing_tools or tool.startswith(tuple(self.state_changing_prefixes))
+        if tool in self.state_changing_tools:
+            return True
+        return tool.startswith(tuple(self.state_changing_prefixes)) and not self.hands_off(tool)
+
+    def hands_off(self, tool: str) -> bool:
+        """Whether `tool` hands the conversation to a person (transfer_to_human_agents, escalate_to_support)."""
+        lowered = tool.lower()
+        return any(part in lowered for part in self.handoff_tools)
 
 
 class AnalysisSettings(Section):
