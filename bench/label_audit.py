@@ -148,11 +148,13 @@ def _quote(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def evidence(trajectory: dict[str, Any], span_ids: list[str]) -> list[str]:
-    """The turns a label points at, quoted: messages and tool calls recorded by those spans."""
+def evidence(trajectory: dict[str, Any], span_ids: list[str], reason: str) -> list[str]:
+    """The turns a label points at, quoted: messages and tool calls recorded by those spans, and the
+    message its reason names."""
+    named = {int(number) for number in re.findall(r"message (\d+)", reason)}
     quoted = []
     for message in trajectory["messages"]:
-        if message["span_id"] in span_ids and message["role"] != "system":
+        if (message["span_id"] in span_ids or message["position"] in named) and message["role"] != "system":
             calls = json.loads(message["tool_calls"] or "[]")
             text = message["content"] or ", ".join(f"{c['name']}({c['arguments']})" for c in calls)
             quoted.append(f"message {message['position']} ({message['role']}): {_quote(text)}")
@@ -160,7 +162,7 @@ def evidence(trajectory: dict[str, Any], span_ids: list[str]) -> list[str]:
         if call["span_id"] in span_ids:
             result = call["error"] or call["result"] or ""
             quoted.append(f"call {call['position']} {call['tool_name']}({_quote(call['arguments'] or '', 160)}) -> {_quote(result, 160)}")
-    return quoted[:4]
+    return quoted[:5]
 
 
 # --- verdicts -----------------------------------------------------------------------------------
@@ -255,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             for trajectory, label in rng.sample(pool, min(size, len(pool))):
                 key = (trajectory["conversation_id"] or trajectory["trajectory_id"], name, wanted, _cell(label["reason"]))
                 verdict, why = verdicts.get(key, ("", ""))
-                quoted = evidence(trajectory, list(label["span_ids"] or []))
+                quoted = evidence(trajectory, list(label["span_ids"] or []), label["reason"])
                 sample_rows.append((*key, verdict, why, [f"{trajectory['outcome']}", *quoted]))
         judged = [row for row in sample_rows if row[1] == name and row[2] == "LACKING" and row[4]]
         precision[name] = {

@@ -94,6 +94,36 @@ def merge_transcript(transcript: list[_Entry], incoming: Iterable[Message], trac
     transcript.extend(_Entry(message, trace_id, span_id) for message in incoming[overlap:])
 
 
+def _attribute_spans(
+    transcript: list[_Entry],
+    chats: list[tuple[dict[str, Any], SpanView, dict[str, Any], list[dict[str, Any]]]],
+    executions: list[tuple[dict[str, Any], ToolExecution]],
+) -> None:
+    """Point each message read from the last call's history at the span that recorded it: an answer
+    at the call that wrote it, a tool result at its tool span, a user turn at the first call that read
+    it. Evidence (a label's span, the dashboard's marked turn) then names one turn, not the whole run."""
+    answers: dict[tuple, list[dict[str, Any]]] = {}
+    for span, view, _, _ in chats:
+        for message in view.output_messages:
+            answers.setdefault(_message_key(message), []).append(span)
+    tool_spans = {execution.call_id: span for span, execution in executions if execution.call_id}
+    waiting: list[_Entry] = []  # user turns until the next call that read them
+    for entry in transcript:
+        message = entry.message
+        span = None
+        if message.role == "assistant" and answers.get(_message_key(message)):
+            span = answers[_message_key(message)].pop(0)
+            for earlier in waiting:
+                earlier.trace_id, earlier.span_id = span["trace_id"], span["span_id"]
+            waiting = []
+        elif message.role == "tool" and message.tool_call_id in tool_spans:
+            span = tool_spans[message.tool_call_id]
+        elif message.role == "user":
+            waiting.append(entry)
+        if span is not None:
+            entry.trace_id, entry.span_id = span["trace_id"], span["span_id"]
+
+
 class OutcomeRules:
     """Reads success or failure out of evaluation events and root-span attributes.
 
@@ -304,6 +334,8 @@ class Assembler:
         if system_text and not (transcript and transcript[0].message.role == "system"):
             text, span = system_text
             transcript.insert(0, _Entry(Message("system", text, [], None, None), span["trace_id"], span["span_id"]))
+        if chats and len(history_from) == 1 and len(chats) > 1:
+            _attribute_spans(transcript, [views[index] for index in chats], executions)
 
         for position, entry in enumerate(transcript):
             message = entry.message
