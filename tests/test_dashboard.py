@@ -172,11 +172,70 @@ def test_health_page_lists_every_capability_and_highlights_the_planted_gaps(
     metrics = {metric.label: metric.value for metric in test.metric}
     assert metrics["trajectories"] == str(loaded.status()["counts"]["trajectories"])
     assert metrics["selected capabilities"] == "2"
+    assert loaded.get("/api/capabilities")["diagnosis"] is None  # gaps were found: nothing to diagnose
+    assert not [info.value for info in test.info if "no capability is selected" in info.value]
     specs = _chart_specs(test)
     assert len(specs) >= 5
     # The paper's thresholds are drawn: Δ ≥ 0.2 on the gap and trend charts, coverage ≥ 0.1.
     thresholds = [spec for spec in specs if '"type": "rule"' in spec]
     assert sum('"threshold 0.2"' in spec for spec in thresholds) >= 2 and any('"threshold 0.1"' in spec for spec in thresholds)
+
+
+@pytest.fixture(scope="module")
+def unexplained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
+    """Rules only, 30 runs of the demo agent that all failed, no gap planted: no capability is
+    selected, the daemon says why, and ER+ has no data (no successful run needed any capability)."""
+    daemon = make_daemon(tmp_path_factory.mktemp("unexplained"), analysis={"interval_s": 0.5}, router=router_down()).start()
+    send(generate(30, seed=8, failure_rate=1.0, gaps="none"), daemon.http_url, "http/protobuf", "log")
+    daemon.wait_analyzed(timeout_s=60)
+    yield daemon
+    daemon.stop()
+
+
+def test_health_page_shows_the_daemons_diagnosis_of_failures_no_rule_explains(
+    unexplained: RunningDaemon, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    response = unexplained.get("/api/capabilities")
+    diagnosis = response["diagnosis"]
+    assert diagnosis["kind"] == "rules_only_unexplained_failures" and diagnosis["failed"] == 30
+    test = app(unexplained.config_path, monkeypatch)
+    assert not test.error
+    assert diagnosis["message"] in [info.value for info in test.info]  # the daemon's text, as it is
+    table = test.dataframe[0]
+    assert set(table.value["capability"]) == {item["name"] for item in response["items"]}
+    # No successful run, so no ER+ and no rank anywhere: left missing, and the grid draws "—" for them.
+    assert table.value["ER+ (successes)"].isna().all() and table.value["rank"].isna().all()
+    assert table.proto.placeholder == "—"
+
+
+def test_the_health_table_keeps_missing_statistics_missing_and_draws_them_as_a_dash() -> None:
+    def page() -> None:
+        from dashboard.capability_table import health_table, render_table
+
+        measured = {
+            "er_plus": None, "er_minus": 0.1, "delta": 0.1, "coverage": 0.1, "failure_rate": 1.0,
+            "failure_rate_low": None, "failure_rate_high": None, "lacking_failure": 3, "needed_failure": 30,
+            "selected": False, "rank": None,
+        }  # fmt: skip
+        items = [
+            {"name": "argument_grounding", "state": "healthy", "state_reason": "no gap", "windows": {"all": measured}},
+            {"name": "error_recovery", "state": "healthy", "state_reason": "not analyzed yet", "windows": {}},
+        ]
+        render_table(health_table(items, "all", {}))
+
+    test = AppTest.from_function(page).run()
+    assert not test.exception, [item.value for item in test.exception]
+    grid = test.dataframe[0]
+    frame = grid.value
+    assert grid.proto.placeholder == "—"  # what the grid draws in a missing cell (default: "None")
+    numbers = ["rank", "ER− (failures)", "ER+ (successes)", "Δ", "coverage", "failure rate"]
+    assert frame.loc[0, numbers].isna().tolist() == [True, False, True, False, False, False]
+    assert frame.loc[1, numbers].isna().all()  # no statistics in this window at all
+    assert not [value for value in frame[numbers].to_numpy().ravel() if isinstance(value, str)]  # not the text "None"
+    assert frame["95 % interval"].tolist() == ["—", "—"]
+    assert frame["failed runs lacking / needing"].tolist() == ["3 / 30", "—"]
+    shown = {str(value) for column in frame.columns if column not in numbers for value in frame[column]}
+    assert not shown & {"None", "nan", "NaN", "n/a"}
 
 
 def test_evidence_page_puts_lacking_and_present_conversations_side_by_side_with_the_evidence_flagged(
@@ -518,6 +577,23 @@ def test_each_page_renders_with_data_in_a_real_browser(
             wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, ".vega-embed canvas, .vega-embed svg"), timeout_s=30)
         if name != "routing":  # photographed with a canary in the next test
             _screenshot(browser, name, tmp_path)
+
+
+def test_the_health_page_in_a_browser_says_what_the_rules_cannot_see(
+    browser: Any, unexplained: RunningDaemon, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    message = unexplained.get("/api/capabilities")["diagnosis"]["message"]
+    with running_dashboard(unexplained, free_port()) as url:
+        browser.get(url)
+        _wait_for_text(browser, "Capability health", "30 failed runs, yet no capability is selected")
+        boxes = [" ".join(box.text.split()) for box in browser.find_elements(By.CSS_SELECTOR, "[data-testid='stAlert']")]
+        shown = " ".join(message.replace("`", "").split())  # backticks become code spans
+        assert any(shown in box for box in boxes), boxes
+        assert any("[llm] enabled = true" in box and "[[capabilities.evaluations]]" in box for box in boxes)
+        wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "[data-testid='stDataFrame'] canvas"), timeout_s=30)
+        _screenshot(browser, "health-unexplained", tmp_path)
 
 
 def test_the_routing_page_in_a_browser_shows_the_canary_against_the_live_version(

@@ -100,7 +100,9 @@ def test_cli_shows_the_selected_capabilities_with_evidence(loaded: tuple[Running
         [*command, "capabilities", "--json", "--config", str(daemon.config_path)],
         cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
-    items = json.loads(shown.stdout)
+    shown_json = json.loads(shown.stdout)
+    items = shown_json["items"]
+    assert shown_json["diagnosis"] is None  # the rules found the gaps: nothing to diagnose
     assert {item["name"] for item in items if item["selected"]} == PLANTED
     for item in items:  # each selected capability comes with failed runs that lack it, and why
         evidence = item.get("evidence", [])

@@ -1,73 +1,18 @@
 """Capability health: per capability, how often failed and successful runs lack it, the gap (Δ), its
 coverage, the failure rate with its interval and the trend over analysis passes, with the paper's
-selection thresholds drawn. Selected capabilities (those that trigger training) are highlighted."""
+selection thresholds drawn. Selected capabilities (those that trigger training) are highlighted; when
+failed runs go unexplained while only rules label them, the daemon's diagnosis is shown above the table."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-import pandas as pd
 import streamlit as st
 
 from dashboard import charts
-from dashboard.page import PageContext, interval, no_traces, show
-
-TREND_POINTS = 40
-
-
-def stats_row(item: Mapping[str, Any], window: str) -> dict[str, Any]:
-    """One capability's statistics in `window`, with the fields the table and charts need."""
-    stats = (item.get("windows") or {}).get(window) or {}
-    return {**stats, "capability": item["name"], "selected": bool(stats.get("selected")), "state": item["state"]}
-
-
-def health_table(items: list[Mapping[str, Any]], window: str, histories: Mapping[str, list[dict[str, Any]]]) -> pd.DataFrame:
-    rows = []
-    for item in items:
-        stats = stats_row(item, window)
-        rows.append(
-            {
-                "capability": item["name"],
-                "state": item["state"],
-                "selected": stats["selected"],
-                "rank": stats.get("rank"),
-                "ER− (failures)": stats.get("er_minus"),
-                "ER+ (successes)": stats.get("er_plus"),
-                "Δ": stats.get("delta"),
-                "coverage": stats.get("coverage"),
-                "failure rate": stats.get("failure_rate"),
-                "95 % interval": interval(stats.get("failure_rate_low"), stats.get("failure_rate_high")),
-                "failed runs lacking / needing": f"{stats.get('lacking_failure', 0)} / {stats.get('needed_failure', 0)}",
-                "Δ trend": [row.get("delta") or 0.0 for row in histories.get(item["name"], [])][-TREND_POINTS:],
-                "why": item.get("state_reason") or "",
-            }
-        )
-    return pd.DataFrame(rows)
-
-
-def _highlight_selected(row: pd.Series) -> list[str]:
-    style = "background-color: rgba(214, 39, 40, 0.15); font-weight: 600" if row["selected"] else ""
-    return [style] * len(row)
-
-
-def render_table(frame: pd.DataFrame) -> None:
-    rate = {"format": "%.2f", "min_value": 0.0, "max_value": 1.0}
-    st.dataframe(
-        frame.style.apply(_highlight_selected, axis=1),
-        hide_index=True,
-        column_config={
-            "selected": st.column_config.CheckboxColumn("selected", help="Δ and coverage pass the thresholds on enough failures"),
-            "rank": st.column_config.NumberColumn(help="order among the selected, by coverage", format="%d"),
-            "ER− (failures)": st.column_config.NumberColumn(help="LACKING / needed among failed runs", format="%.2f"),
-            "ER+ (successes)": st.column_config.NumberColumn(help="LACKING / needed among successful runs", format="%.2f"),
-            "Δ": st.column_config.NumberColumn(help="ER− − ER+", format="%.2f"),
-            "coverage": st.column_config.ProgressColumn(help="failed runs lacking it / all failed runs", **rate),
-            "failure rate": st.column_config.NumberColumn(help="failed / runs that need the capability", format="%.2f"),
-            "Δ trend": st.column_config.LineChartColumn(help="Δ per analysis pass", y_min=-1.0, y_max=1.0),
-            "why": st.column_config.TextColumn(width="large"),
-        },
-    )
+from dashboard.capability_table import health_table, render_table, stats_row
+from dashboard.page import PageContext, no_traces, show
 
 
 def render_charts(rows: list[dict[str, Any]], history: list[dict[str, Any]], context: PageContext) -> None:
@@ -118,7 +63,8 @@ def render(context: PageContext) -> None:
     if status["counts"]["trajectories"] == 0:
         no_traces(settings, status)
         return
-    items = api.get("/api/capabilities")["items"]
+    overview = api.get("/api/capabilities")
+    items, diagnosis = overview["items"], overview.get("diagnosis")
     windows = sorted({name for item in items for name in (item.get("windows") or {})})
     if not windows:
         st.info(
@@ -139,6 +85,8 @@ def render(context: PageContext) -> None:
     columns[2].metric("selected capabilities", sum(row["selected"] for row in rows))
     analysis = status.get("analysis") or {}
     columns[3].metric("analysis pass", analysis.get("pass_id", "—"), help=f"every {settings.analysis.interval_s:g} s")
+    if diagnosis:
+        st.info(diagnosis["message"], icon=":material/visibility_off:")
     render_table(health_table(items, window, histories))
     st.caption(
         f"Selected when Δ ≥ {settings.analysis.min_delta:g}, coverage ≥ {settings.analysis.min_coverage:g} and at least "
