@@ -260,15 +260,32 @@ def main(argv: list[str] | None = None) -> int:
                 quoted = evidence(trajectory, list(label["span_ids"] or []), label["reason"])
                 sample_rows.append((*key, verdict, why, [f"{trajectory['outcome']}", *quoted]))
         judged = [row for row in sample_rows if row[1] == name and row[2] == "LACKING" and row[4]]
+        present = [row for row in sample_rows if row[1] == name and row[2] == "PRESENT" and row[4]]
         precision[name] = {
             "sampled": sum(1 for row in sample_rows if row[1] == name and row[2] == "LACKING"),
             "judged": len(judged), "right": sum(1 for row in judged if row[4] == "right"),
+            "present_judged": len(present), "present_right": sum(1 for row in present if row[4] == "right"),
         }  # fmt: skip
 
     lines = [
-        "| trajectory | capability | label | reason | verdict | why |",
-        "|---|---|---|---|---|---|",
+        "# Label audit: built-in rule labelers on real runs",
+        "",
+        f"Labels of `{args.runs.name}` sampled by `bench/label_audit.py` (seed {SEED}: up to {LACKING_SAMPLE} LACKING and "
+        f"{PRESENT_SAMPLE} PRESENT per capability), each judged by reading the run: *right* when the run shows what the label "
+        "says, *wrong* otherwise. Rerunning the bench with `--sample` and `--verdicts` on this file keeps every verdict whose "
+        "trajectory, capability, label and reason are unchanged; new labels arrive unjudged. Evidence (the turns each label "
+        "points at) follows the table.",
+        "",
+        "| capability | LACKING sampled | judged | right | precision | PRESENT judged | right |",
+        "|---|---|---|---|---|---|---|",
     ]
+    for name, audit in precision.items():
+        share = f"{audit['right'] / audit['judged']:.2f}" if audit["judged"] else "—"
+        lines.append(
+            f"| {name} | {audit['sampled']} | {audit['judged']} | {audit['right']} | {share} "
+            f"| {audit['present_judged']} | {audit['present_right']} |"
+        )
+    lines += ["", "## Verdicts", "", "| trajectory | capability | label | reason | verdict | why |", "|---|---|---|---|---|---|"]
     details = []
     for trajectory, name, label, reason, verdict, why, quoted in sample_rows:
         lines.append(f"| {trajectory} | {name} | {label} | {reason} | {verdict} | {_cell(why)} |")

@@ -253,6 +253,11 @@ def _returns_entity(call: ToolCall, entity: tuple[str, str]) -> bool:
     return any(found_key == key and str(found) == value for found_key, found in _walk(result))
 
 
+# Sentences end after . ! ? or a line break; the "?" stays with its sentence.
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+_NEGATED = re.compile(r"\b(?:not|don't|do not|didn't|never|no need to|can't|cannot|wouldn't|won't)\s+(?:\w+\s+){0,2}$")
+
+
 @dataclass(slots=True)
 class PreconditionVerification:
     """LACKING when a state-changing call changes an entity the agent never read, or runs without the
@@ -260,14 +265,21 @@ class PreconditionVerification:
 
     settings: CapabilitySettings
     name: str = "rules.precondition_verification"
-    version: str = "2"
+    version: str = "3"
 
     def changes_state(self, tool: str) -> bool:
         return self.settings.changes_state(tool)
 
     def confirms(self, text: str) -> bool:
-        lowered = f" {text.lower()} "
-        return any(re.search(rf"(?<![a-z]){re.escape(phrase)}(?![a-z])", lowered) for phrase in self.settings.confirmation_phrases)
+        """A confirming phrase in a sentence that is no question ("How can we proceed?") and not negated."""
+        for sentence in _SENTENCE_END.split(text.lower()):
+            if sentence.rstrip().endswith("?"):
+                continue
+            for phrase in self.settings.confirmation_phrases:
+                for match in re.finditer(rf"(?<![a-z']){re.escape(phrase)}(?![a-z])", sentence):
+                    if not _NEGATED.search(sentence[max(0, match.start() - 24) : match.start()]):
+                        return True
+        return False
 
     def label(self, trajectory: Trajectory) -> Judgement:
         writes = [call for call in trajectory.tool_calls if self.changes_state(call.name)]
@@ -339,7 +351,7 @@ class MultiStepCompletion:
 
     settings: CapabilitySettings
     name: str = "rules.multi_step_completion"
-    version: str = "2"
+    version: str = "3"
 
     def label(self, trajectory: Trajectory) -> Judgement:
         calls = trajectory.tool_calls
@@ -349,6 +361,17 @@ class MultiStepCompletion:
             run = run + 1 if _call_key(call) == _call_key(previous) else 1
             if run >= repeats:
                 return Judgement(Label.LACKING, f"{call.name} called {run} times in a row with the same arguments", _span(call))
+        # A loop with steps between ("think", then the same failing booking again): the same call
+        # answered the same way. Reading a record again after a change gets another answer.
+        answered: dict[tuple[str, str, str], int] = defaultdict(int)
+        for call in calls:
+            key = (*_call_key(call), call.error or call.result or "")
+            answered[key] += 1
+            if answered[key] >= repeats:
+                return Judgement(
+                    Label.LACKING, f"{call.name} called {answered[key]} times with the same arguments and the same answer",
+                    _span(call),
+                )  # fmt: skip
         if len(calls) < 2:
             return Judgement(Label.NA, "fewer than two tool calls: not a multi-step task")
         assistant_turns = [turn for turn in trajectory.turns if turn.role == "assistant"]
@@ -401,12 +424,13 @@ class StructuredDataReasoning:
     """
 
     name: str = "rules.structured_data_reasoning"
-    version: str = "2"
+    version: str = "3"
 
     def label(self, trajectory: Trajectory) -> Judgement:
         record_numbers: list[float] = []
         by_key: dict[str, float] = {}
         totals: list[float] = []  # per key: over all results, and within each result (one record's prices)
+        per_record: dict[str, list[float]] = defaultdict(list)  # per key: each result's total, for totals of several
         results_at: dict[int, list[str]] = defaultdict(list)  # message position -> tool results read there
         for call in trajectory.tool_calls:
             results_at[_turn_of(trajectory, call)].append(call.result or "")
@@ -421,6 +445,8 @@ class StructuredDataReasoning:
                     by_key[key] = by_key.get(key, 0.0) + float(value)
                     within[key] = within.get(key, 0.0) + float(value)
             totals.extend(within.values())
+            for key, total in within.items():
+                per_record[key].append(total)
             record_numbers.extend(_numbers_in(call.result or "") if result is None or isinstance(result, (str, int, float)) else [])
         if not record_numbers:
             return Judgement(Label.NA, "no tool returned numeric records")
@@ -447,7 +473,7 @@ class StructuredDataReasoning:
                     continue
                 stated += 1
                 if supported is None:
-                    supported = _Derivable([*record_numbers, *known], [*by_key.values(), *totals], quoted)
+                    supported = _Derivable([*record_numbers, *known], [*by_key.values(), *totals, *_subset_sums(per_record)], quoted)
                 if not supported(value):
                     return Judgement(
                         Label.LACKING, f"states {text.strip()} which no returned record supports (message {turn.position})",
@@ -456,6 +482,20 @@ class StructuredDataReasoning:
         if not stated:
             return Judgement(Label.NA, "no number stated from the records")
         return Judgement(Label.PRESENT, f"{stated} stated numbers match the returned records")
+
+
+def _subset_sums(per_record: dict[str, list[float]], most: int = 12) -> set[float]:
+    """Totals over any few records of one key ("the total of your other four reservations"); keys
+    returned by more than `most` results are left out (2^n sums)."""
+    sums: set[float] = set()
+    for values in per_record.values():
+        if not 2 < len(values) <= most:
+            continue
+        reachable = {0}
+        for value in values:
+            reachable |= {total + round(value * 100) for total in reachable}
+        sums.update(total / 100 for total in reachable)
+    return sums
 
 
 class _Derivable:

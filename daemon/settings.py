@@ -124,7 +124,11 @@ class CapabilitySettings(Section):
         description="A tool whose name starts with one of these changes state.",
     )
     confirmation_phrases: list[str] = Field(
-        default_factory=list, description="A user turn containing one of these confirms a pending change."
+        default_factory=lambda: [
+            "yes", "yeah", "yep", "confirm", "go ahead", "proceed", "please do", "do it", "sure", "ok", "okay", "correct",
+            "that's right", "looks good", "sounds good",
+        ],  # fmt: skip
+        description="A user turn containing one of these confirms a pending change.",
     )
     handoff_tools: list[str] = Field(
         default_factory=lambda: ["transfer_to_human", "handoff", "hand_off", "escalate"],

@@ -15,6 +15,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 from daemon.builtin_capabilities import (
     ArgumentGrounding, MultiStepCompletion, PreconditionVerification, StructuredDataReasoning, ToolCallPrecision,
 )  # fmt: skip
@@ -611,3 +613,20 @@ def test_a_payment_id_made_up_from_the_cards_last_four_digits_is_not_grounded() 
     assert_judged(labeler.label(task_26_trial_2()), Label.LACKING, "'credit_card_7334' appears in no user turn")
     # Counterpart: the id the agent found on its retry, after get_user_details, is grounded.
     assert_judged(labeler.label(task_26_trial_2(first_payment_id=None)), Label.PRESENT, "come from the context")
+
+
+@pytest.mark.parametrize(
+    ("reply", "confirms"),
+    [
+        # τ-bench airline, GPT-4o, task 2 trial 2, message 3: a question, not a go-ahead.
+        ("I'm omar_davis_3817. Unfortunately, I don't have the reservation IDs on hand. How can we proceed?", False),
+        ("I do not want to proceed with that.", False),
+        ("Please don't go ahead yet.", False),
+        # task 32 trial 2, message 19: the agent listed the booking; this approves it.
+        ("Everything looks good! I'd like to use the travel certificate for $500 (certificate_8045380) for this booking.", True),
+        ("Yes. Can you also tell me the total?", True),
+    ],
+)
+def test_a_confirmation_is_a_go_ahead_not_a_question_or_a_refusal(reply: str, confirms: bool) -> None:
+    labeler = PreconditionVerification(SETTINGS)
+    assert labeler.confirms(reply) is confirms
