@@ -42,12 +42,10 @@ from urllib.parse import quote
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from daemon.settings import load_settings  # noqa: E402
 from tests.conftest import make_daemon  # noqa: E402
 
 LACKING_SAMPLE, PRESENT_SAMPLE, SEED = 20, 10, 17
 CAUSES = ("missing", "unexpected", "arguments", "output")
-_READ_PREFIXES = ("get_", "search_", "list_", "find_", "lookup_", "read_", "check_")
 _VERDICT_ROW = re.compile(r"^\|\s*(?P<trajectory>[^|]+?)\s*\|\s*(?P<capability>[^|]+?)\s*\|\s*(?P<label>LACKING|PRESENT)\s*\|"
                           r"\s*(?P<reason>.*?)\s*\|\s*(?P<verdict>right|wrong|)\s*\|\s*(?P<why>.*?)\s*\|$")  # fmt: skip
 
@@ -200,13 +198,8 @@ def main(argv: list[str] | None = None) -> int:
 
     runs = json.loads(args.runs.read_text()) if args.format == "tau-bench" else []
     by_run = {f"{args.runs.stem}/task-{run.get('task_id')}/trial-{run.get('trial', 0)}": run for run in runs}
-    tools = json.loads(args.tools.read_text()) if args.tools else []
-    capability_settings = load_settings().capabilities
-    writes = {
-        (tool.get("function") or tool)["name"] for tool in tools
-        if capability_settings.changes_state((tool.get("function") or tool)["name"])
-        and not (tool.get("function") or tool)["name"].startswith(_READ_PREFIXES)
-    }  # fmt: skip
+    # The writes are the tools the ground truth expects anywhere in the file: independent of the labelers' settings.
+    writes = {action["name"] for run in runs for action in ((run.get("info") or {}).get("task") or {}).get("actions") or []}
 
     with tempfile.TemporaryDirectory(prefix="label-audit-") as directory:
         daemon = make_daemon(Path(directory), analysis={"interval_s": 1.0}, trigger={"hold_passes": 1}).start()

@@ -825,8 +825,9 @@ def import_(
     if as_json:
         _print_json(summary)
     else:
+        what = "requests" if run_format == "otlp" else "runs"
         click.echo(
-            f"imported {report.requests} requests: {report.spans} spans, {report.logs} log records, "
+            f"imported {report.requests} {what}: {report.spans} spans, {report.logs} log records, "
             f"{report.rejected} rejected"
         )
         for error in report.errors:
