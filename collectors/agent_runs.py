@@ -22,6 +22,8 @@ from typing import Any
 
 import orjson
 
+from daemon.semconv import EVALUATION_EVENT
+
 FORMATS = ("tau-bench", "tau2-bench")
 # Spacing of the made-up clock: benchmark files carry no timestamps, only the order of messages.
 _STEP_NS = 1_000_000_000
@@ -240,7 +242,7 @@ def trace_request(
     if run.reward is not None:
         events.append(
             {
-                "name": "gen_ai.evaluation.result", "timeUnixNano": str(end),
+                "name": EVALUATION_EVENT, "timeUnixNano": str(end),
                 "attributes": _attributes({
                     "gen_ai.evaluation.name": run.evaluation_name, "gen_ai.evaluation.score.value": run.reward,
                     "gen_ai.evaluation.score.label": "pass" if run.reward >= 1 else "fail",

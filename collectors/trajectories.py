@@ -18,7 +18,7 @@ import orjson
 
 from collectors.dialects import Message, SpanView, ToolExecution, interpret
 from daemon import metrics
-from daemon.evaluation_labels import EVALUATION_EVENT, event_attributes
+from daemon.semconv import EVALUATION_EVENT, event_attributes
 from daemon.settings import AssemblerSettings, OutcomeSettings
 from daemon.store import DerivedRows, Store
 

@@ -15,17 +15,11 @@ from typing import Any
 import orjson
 
 from daemon.capabilities import Capability, CapabilityRegistry, Evaluation, Judgement, Label, Labeler, Trajectory
+from daemon.semconv import EVALUATION_EVENT, event_attributes
 from daemon.settings import EvaluationMapping
 
-EVALUATION_EVENT = "gen_ai.evaluation.result"
 _VERSION = "1"  # of the mapping rules below; a change relabels every mapped capability
 _MAX_REASON = 1000
-
-
-def event_attributes(attributes: Any, body: Any = None) -> dict[str, Any]:
-    """An evaluation event's attributes; older event APIs put a log record's payload in its body."""
-    attributes = attributes if isinstance(attributes, dict) else {}
-    return {**body, **attributes} if isinstance(body, dict) else attributes
 
 
 def _score(value: Any) -> float | None:

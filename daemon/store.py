@@ -14,8 +14,8 @@ import duckdb
 import orjson
 import pyarrow as pa
 
-from daemon.evaluation_labels import EVALUATION_EVENT
 from daemon.migrations import MIGRATIONS, Migration
+from daemon.semconv import EVALUATION_EVENT
 from daemon.settings import StoreSettings
 
 log = logging.getLogger(__name__)
