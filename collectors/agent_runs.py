@@ -52,7 +52,8 @@ class AgentRun:
 # --- τ-bench -------------------------------------------------------------------------------------
 
 
-def _load_json(path: Path, what: str) -> Any:
+def load_json(path: Path, what: str) -> Any:
+    """The JSON document in `path`; RunFormatError naming `what` was expected when it is none."""
     try:
         return orjson.loads(path.read_bytes())
     except FileNotFoundError:
@@ -63,7 +64,7 @@ def _load_json(path: Path, what: str) -> Any:
 
 def load_tools(path: Path) -> list[dict[str, Any]]:
     """Tool definitions in OpenAI's function format (a list, or `{"tools": [...]}`)."""
-    tools = _load_json(path, "a list of OpenAI function definitions")
+    tools = load_json(path, "a list of OpenAI function definitions")
     if isinstance(tools, dict):
         tools = tools.get("tools")
     if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
@@ -77,7 +78,7 @@ def read_tau_bench(path: Path, tools: list[dict[str, Any]] | None = None) -> Ite
     Ground truth under `info.task` (expected writes, the user's hidden goal) stays out: a deployed
     agent's traces never carry it.
     """
-    runs = _load_json(path, "a τ-bench trajectory list")
+    runs = load_json(path, "a τ-bench trajectory list")
     if not isinstance(runs, list):
         raise RunFormatError(f"{path}: a τ-bench file is a JSON list of runs, found {type(runs).__name__}")
     for number, run in enumerate(runs):

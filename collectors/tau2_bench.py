@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from collectors.agent_runs import AgentRun, RunFormatError, _load_json
+from collectors.agent_runs import AgentRun, RunFormatError, load_json
 
 _UNSAFE_ID = re.compile(r"[^A-Za-z0-9_./:-]+")
 # ToolSignature.doc is the tool rendered as Python source: `def name(...):\n    """docstring"""`.
@@ -95,7 +95,7 @@ def _chat_messages(messages: list[Any], where: str) -> list[dict[str, Any]]:
 
 def read_tau2_bench(path: Path, tools: list[dict[str, Any]] | None = None) -> Iterator[AgentRun]:
     """The simulations of a τ²-bench results file, the domain policy first as the system message."""
-    results = _load_json(path, "a τ²-bench results document")
+    results = load_json(path, "a τ²-bench results document")
     if not isinstance(results, dict):
         raise RunFormatError(f"{path}: a τ²-bench results file is a JSON object, found {type(results).__name__}")
     simulations = results.get("simulations")
