@@ -21,7 +21,7 @@ from it (right / judged LACKING labels).
 
 Usage:
   python bench/label_audit.py RUNS.json --tools TOOLS.json [--format tau-bench]
-      [--verdicts docs/label-audit.md] [--sample label-audit-sample.md] [--json]
+      [--verdicts docs/label-audit.md] [--sample .tracefix/label-audit-sample.md] [--json]
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tools", type=Path, default=None, help="tool definitions, OpenAI function format")
     parser.add_argument("--format", default="tau-bench", choices=["tau-bench", "tau2-bench"])
     parser.add_argument("--verdicts", type=Path, default=REPO / "docs" / "label-audit.md")
-    parser.add_argument("--sample", type=Path, default=Path("label-audit-sample.md"),
+    parser.add_argument("--sample", type=Path, default=REPO / ".tracefix" / "label-audit-sample.md",
                         help="where the sampled labels are written, with any verdicts already given")  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the table as JSON too")
     args = parser.parse_args(argv)
@@ -284,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {trajectory} | {name} | {label} | {reason} | {verdict} | {_cell(why)} |")
         details.append(f"- **{trajectory}** {name} {label} ({quoted[0]}): {reason}")
         details.extend(f"  - {_cell(text)}" for text in quoted[1:])
+    args.sample.parent.mkdir(parents=True, exist_ok=True)
     args.sample.write_text("\n".join(lines) + "\n\n## Evidence\n\n" + "\n".join(details) + "\n")
 
     def number(value: Any) -> str:
