@@ -11,6 +11,7 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import fastjsonschema
@@ -246,11 +247,8 @@ def _reads_entity(call: ToolCall, entity: tuple[str, str]) -> bool:
 
 def _returns_entity(call: ToolCall, entity: tuple[str, str]) -> bool:
     key, value = entity
-    try:
-        result = orjson.loads(call.result) if call.result else None
-    except orjson.JSONDecodeError:
-        return False
-    return any(found_key == key and str(found) == value for found_key, found in _walk(result))
+    result = call.parsed_result()
+    return value in (call.result or "") and any(found_key == key and str(found) == value for found_key, found in _walk(result))
 
 
 # Sentences end after . ! ? or a line break; the "?" stays with its sentence.
@@ -402,8 +400,13 @@ _AFTER_NUMBER = re.compile(
 )
 
 
-def _numbers_in(text: str) -> list[float]:
-    return [float(match.group(1).replace(",", "")) for match in _NUMBER.finditer(text)]
+_ID_DIGITS = re.compile(r"\d{4,}")
+
+
+@lru_cache(maxsize=1024)
+def _numbers_in(text: str) -> tuple[float, ...]:
+    """The numbers in a text; cached, since every run of an agent repeats its instructions."""
+    return tuple(float(match.group(1).replace(",", "")) for match in _NUMBER.finditer(text))
 
 
 def _is_date_or_time(text: str, match: re.Match[str], value: float) -> bool:
@@ -434,10 +437,7 @@ class StructuredDataReasoning:
         results_at: dict[int, list[str]] = defaultdict(list)  # message position -> tool results read there
         for call in trajectory.tool_calls:
             results_at[_turn_of(trajectory, call)].append(call.result or "")
-            try:
-                result = orjson.loads(call.result) if call.result else None
-            except orjson.JSONDecodeError:
-                result = None
+            result = call.parsed_result()
             within: dict[str, float] = {}
             for key, value in _walk(result):
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -450,18 +450,15 @@ class StructuredDataReasoning:
             record_numbers.extend(_numbers_in(call.result or "") if result is None or isinstance(result, (str, int, float)) else [])
         if not record_numbers:
             return Judgement(Label.NA, "no tool returned numeric records")
-        # The digits of ids (gift_card_5094406 said as "gift card 5094406") name a record, they are no claim.
-        quoted = {float(digits) for call in trajectory.tool_calls for digits in re.findall(r"\d{4,}", call.result or "")}
-        known: list[float] = []  # what the agent had read or been told before each turn
-        supported: _Derivable | None = None
+        totals.extend(_subset_sums(per_record))
+        from_records: _Derivable | None = None  # the records alone: most stated numbers need no more
+        context: list[str] = []  # what the agent had read or been told before each turn, as text
+        with_context: tuple[int, _Derivable] | None = None
         stated = 0
         for turn in trajectory.turns:
             if turn.role != "assistant":
-                known.extend(_numbers_in(turn.content or ""))
-                supported = None
-            for text in results_at.pop(turn.position, ()):
-                known.extend(_numbers_in(text))
-                supported = None
+                context.append(turn.content or "")
+            context.extend(results_at.pop(turn.position, ()))
             if turn.role != "assistant" or not turn.content:
                 continue
             for match in _NUMBER.finditer(turn.content):
@@ -472,9 +469,16 @@ class StructuredDataReasoning:
                 if _is_date_or_time(turn.content, match, value):
                     continue
                 stated += 1
-                if supported is None:
-                    supported = _Derivable([*record_numbers, *known], [*by_key.values(), *totals, *_subset_sums(per_record)], quoted)
-                if not supported(value):
+                if from_records is None:
+                    from_records = _Derivable(record_numbers, [*by_key.values(), *totals])
+                if from_records(value):
+                    continue
+                if with_context is None or with_context[0] != len(context):
+                    known = [number for said in context for number in _numbers_in(said)]
+                    # The digits of ids (gift_card_5094406 said as "gift card 5094406") name a record, they are no claim.
+                    quoted = [float(digits) for call in trajectory.tool_calls for digits in _ID_DIGITS.findall(call.result or "")]
+                    with_context = (len(context), _Derivable([*record_numbers, *known], [*by_key.values(), *totals], quoted))
+                if not with_context[1](value):
                     return Judgement(
                         Label.LACKING, f"states {text.strip()} which no returned record supports (message {turn.position})",
                         _span(turn),

@@ -52,6 +52,9 @@ class Turn:
     span_id: str
 
 
+_UNPARSED = object()
+
+
 @dataclass(slots=True)
 class ToolCall:
     """One tool call of the trajectory, executed (tool span) or only requested (assistant message)."""
@@ -64,24 +67,37 @@ class ToolCall:
     error: str | None
     message_position: int | None
     span_id: str
+    # Parsed once: every labeler reads the same calls' arguments and results.
+    _arguments: Any = field(default=_UNPARSED, repr=False, compare=False)
+    _result: Any = field(default=_UNPARSED, repr=False, compare=False)
 
     def parsed_arguments(self) -> Any:
-        if self.arguments is None:
-            return {}
-        try:
-            return orjson.loads(self.arguments)
-        except orjson.JSONDecodeError:
-            return None
+        """The arguments as JSON: {} when none were recorded, None when they are not JSON."""
+        if self._arguments is _UNPARSED:
+            if self.arguments is None:
+                self._arguments = {}
+            else:
+                try:
+                    self._arguments = orjson.loads(self.arguments)
+                except orjson.JSONDecodeError:
+                    self._arguments = None
+        return self._arguments
+
+    def parsed_result(self) -> Any:
+        """The result as JSON; None when there is none or it is not JSON (plain text)."""
+        if self._result is _UNPARSED:
+            try:
+                self._result = orjson.loads(self.result) if self.result else None
+            except orjson.JSONDecodeError:
+                self._result = None
+        return self._result
 
     @property
     def failed(self) -> bool:
         if self.error:
             return True
         if self.result and self.result.lstrip().startswith("{"):
-            try:
-                result = orjson.loads(self.result)
-            except orjson.JSONDecodeError:
-                return False
+            result = self.parsed_result()
             return isinstance(result, dict) and bool(result.get("error"))
         return False
 
