@@ -26,7 +26,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from daemon.demo import number_text, share_text  # noqa: E402
+from daemon.app.demo import number_text, share_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- demo_loop:begin -->", "<!-- demo_loop:end -->"
@@ -52,7 +52,7 @@ def run_demo(arguments: argparse.Namespace) -> Path:
         f'[model]\ncache_dir = "{cache}"\n'
     )
     report = output / "report.json"
-    command = [sys.executable, "-m", "daemon.cli", "demo", "--config", str(config), "--auto-approve", "--minutes", str(arguments.minutes),
+    command = [sys.executable, "-m", "daemon.app.cli", "demo", "--config", str(config), "--auto-approve", "--minutes", str(arguments.minutes),
                "--after", str(arguments.after), "--report", str(report), *(["--fast"] if arguments.fast else [])]  # fmt: skip
     print("$ " + " ".join(command), file=sys.stderr, flush=True)
     started = time.monotonic()

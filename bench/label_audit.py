@@ -105,7 +105,7 @@ def causes(run: dict[str, Any], writes: set[str]) -> set[str]:
 
 
 def import_runs(daemon: Any, runs_path: Path, tools_path: Path | None, run_format: str) -> dict[str, Any]:
-    command = [sys.executable, "-m", "daemon.cli", "import", str(runs_path), "--format", run_format, "--json",
+    command = [sys.executable, "-m", "daemon.app.cli", "import", str(runs_path), "--format", run_format, "--json",
                "--config", str(daemon.config_path)]  # fmt: skip
     if tools_path is not None:
         command += ["--tools", str(tools_path)]

@@ -137,7 +137,7 @@ def write_config(directory: Path, model_name: str, cache: Path, port: int, argum
 
 
 class RouterProcess:
-    """`python -m daemon.cli router --config …` with its output in a log file."""
+    """`python -m daemon.app.cli router --config …` with its output in a log file."""
 
     def __init__(self, directory: Path, config: Path, port: int) -> None:
         self.directory, self.config, self.port = directory, config, port
@@ -148,7 +148,7 @@ class RouterProcess:
     def start(self, timeout_s: float) -> None:
         with self.log_path.open("wb") as output:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "daemon.cli", "router", "--config", str(self.config)],
+                [sys.executable, "-m", "daemon.app.cli", "router", "--config", str(self.config)],
                 cwd=REPO, stdout=output, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )  # fmt: skip
         deadline = time.monotonic() + timeout_s

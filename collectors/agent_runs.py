@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from daemon.semconv import EVALUATION_EVENT
+from daemon.core.semconv import EVALUATION_EVENT
 
 FORMATS = ("tau-bench", "tau2-bench")
 # Spacing of the made-up clock: benchmark files carry no timestamps, only the order of messages.

@@ -17,9 +17,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from collectors.ingest import Ingestor, Pending
 from collectors.otlp import PayloadError, parse_logs_protobuf, parse_traces_protobuf
-from daemon import metrics
-from daemon.writer import Overloaded, WriterStopped
-from daemon.auth import bearer_matches
+from daemon.core import metrics
+from daemon.store.writer import Overloaded, WriterStopped
+from daemon.core.auth import bearer_matches
 
 _COMMIT_TIMEOUT_S = 60.0
 

@@ -29,9 +29,9 @@ from collectors.otlp import (
     parse_traces_json,
     parse_traces_protobuf,
 )
-from daemon import metrics
-from daemon.writer import Overloaded, WriterStopped
-from daemon.auth import bearer_matches
+from daemon.core import metrics
+from daemon.store.writer import Overloaded, WriterStopped
+from daemon.core.auth import bearer_matches
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"

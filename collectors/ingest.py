@@ -18,8 +18,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from collectors.otlp import Decoded, Limits, decode_logs, decode_spans
-from daemon import metrics
-from daemon.writer import BatchedWriter
+from daemon.core import metrics
+from daemon.store.writer import BatchedWriter
 
 Signal = Literal["traces", "logs"]
 

@@ -17,10 +17,10 @@ from typing import Any
 import orjson
 
 from collectors.dialects import Message, SpanView, ToolExecution, interpret
-from daemon import metrics
-from daemon.semconv import EVALUATION_EVENT, event_attributes
-from daemon.settings import AssemblerSettings, OutcomeSettings
-from daemon.store import DerivedRows, Store
+from daemon.core import metrics
+from daemon.core.semconv import EVALUATION_EVENT, event_attributes
+from daemon.core.settings import AssemblerSettings, OutcomeSettings
+from daemon.store.store import DerivedRows, Store
 
 log = logging.getLogger(__name__)
 

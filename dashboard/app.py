@@ -17,7 +17,7 @@ if _REPOSITORY not in sys.path:
 
 import streamlit as st  # noqa: E402
 
-from daemon.settings import ConfigError  # noqa: E402
+from daemon.core.settings import ConfigError  # noqa: E402
 from dashboard.connection import ApiProblem  # noqa: E402
 from dashboard.page import PageContext, connect  # noqa: E402
 

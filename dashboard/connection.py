@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from daemon.settings import Settings, load_settings
+from daemon.core.settings import Settings, load_settings
 
 # `tracefix dashboard --config PATH` hands the path to the app as `-- --config PATH`; tests and
 # other launchers may name it in this variable instead.
@@ -32,7 +32,7 @@ def config_path(argv: Sequence[str], environ: dict[str, str] | None = None) -> P
 
 
 def load(argv: Sequence[str]) -> Settings:
-    """The settings the daemon runs with; raises daemon.settings.ConfigError with a readable message."""
+    """The settings the daemon runs with; raises daemon.core.settings.ConfigError with a readable message."""
     return load_settings(config_path(argv))
 
 
@@ -48,7 +48,7 @@ def api_url(settings: Settings) -> str:
 
 def api_token(settings: Settings) -> str:
     """The bearer token for approvals: [api] token, else the one the daemon keeps in <store dir>/api.token."""
-    from daemon.api import api_token as daemon_token
+    from daemon.app.api import api_token as daemon_token
 
     return daemon_token(settings)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import streamlit as st
 
-from daemon.settings import ConfigError, Settings
+from daemon.core.settings import ConfigError, Settings
 from dashboard.connection import ApiProblem, DaemonApi, api_token, api_url, load
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from daemon.settings import Settings
+from daemon.core.settings import Settings
 from router import metrics
 from trainer import adapters, prefix_cache
 from trainer import model as models

@@ -26,10 +26,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
-from daemon.auth import bearer_matches, stored_token
-from daemon.router_client import ROUTER_TOKEN_FILE
-from daemon.settings import CAPABILITY_NAME, ConfigError, Settings
-from daemon.sockets import bind
+from daemon.core.auth import bearer_matches, stored_token
+from daemon.promotion.router_client import ROUTER_TOKEN_FILE
+from daemon.core.settings import CAPABILITY_NAME, ConfigError, Settings
+from daemon.core.sockets import bind
 from router import metrics, protocol
 from router.backend import (
     AdapterConflict,

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import orjson
 
-from daemon.settings import Settings
+from daemon.core.settings import Settings
 from router.backend import (
     AdapterConflict,
     BackendUnavailable,

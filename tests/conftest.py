@@ -72,7 +72,7 @@ class RunningDaemon:
     def start(self, timeout_s: float = 30.0) -> RunningDaemon:
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "daemon.cli", "daemon", "--config", str(self.config_path)],
+            [sys.executable, "-m", "daemon.app.cli", "daemon", "--config", str(self.config_path)],
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,

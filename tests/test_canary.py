@@ -28,9 +28,9 @@ from opentelemetry.sdk.resources import Resource  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 
-from daemon.router_client import RouterAdmin  # noqa: E402
-from daemon.settings import StoreSettings, load_settings  # noqa: E402
-from daemon.store import Store  # noqa: E402
+from daemon.promotion.router_client import RouterAdmin  # noqa: E402
+from daemon.core.settings import StoreSettings, load_settings  # noqa: E402
+from daemon.store.store import Store  # noqa: E402
 from tests.conftest import RunningDaemon, free_port, make_daemon, wait_for  # noqa: E402
 from tests.lora_support import make_adapter, register_candidate  # noqa: E402
 from tests.test_going_live import RouterProcess, _post, _state  # noqa: E402

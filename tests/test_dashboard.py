@@ -22,9 +22,9 @@ import httpx
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from daemon.registry import Registry
-from daemon.settings import StoreSettings
-from daemon.store import AnalysisStore, Store
+from daemon.promotion.registry import Registry
+from daemon.core.settings import StoreSettings
+from daemon.store.store import AnalysisStore, Store
 from dashboard.routing_stats import expert_rows, snapshot_of
 from examples.traffic import TOOLS, generate, send
 from tests.conftest import REPO, RunningDaemon, free_port, make_daemon, wait_for
@@ -482,7 +482,7 @@ def running_dashboard(daemon: RunningDaemon, port: int) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     log_path = daemon.directory / f"dashboard-{port}.log"
     process = subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "dashboard", "--config", str(daemon.config_path)],
+        [sys.executable, "-m", "daemon.app.cli", "dashboard", "--config", str(daemon.config_path)],
         cwd=REPO, stdout=log_path.open("ab"), stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
         env={**os.environ, "TRACEFIX_DASHBOARD_PORT": str(port)},
     )  # fmt: skip

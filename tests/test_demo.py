@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from daemon.demo import layered_settings
+from daemon.app.demo import layered_settings
 from tests.conftest import REPO, free_port
 
 
@@ -47,7 +47,7 @@ def test_the_demo_runs_the_loop_unattended_to_a_candidate_and_beyond(tmp_path: P
         f"[collector]\nhttp_port = {ports['http']}\ngrpc_port = {ports['grpc']}\n[api]\nport = {ports['api']}\n"
         f"[router]\nport = {ports['router']}\n[dashboard]\nport = {ports['dashboard']}\n"
     )
-    command = [sys.executable, "-m", "daemon.cli", "demo", "--config", str(config), "--fast", "--auto-approve", "--minutes", "20",
+    command = [sys.executable, "-m", "daemon.app.cli", "demo", "--config", str(config), "--fast", "--auto-approve", "--minutes", "20",
                "--policy", "scripted"]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1800, env=os.environ)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -75,7 +75,7 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
         "[training]\nwarm_start_examples = 2\neval_seeds = 2\neval_margin = 0.0\n"
         "[promotion]\ninterval_s = 1.0\ncanary_min_trajectories = 3\nwatch_min_trajectories = 1000\n"
     )
-    command = [sys.executable, "-m", "daemon.cli", "demo", "--config", str(config), "--fast", "--auto-approve",
+    command = [sys.executable, "-m", "daemon.app.cli", "demo", "--config", str(config), "--fast", "--auto-approve",
                "--minutes", "12", "--after", "3", "--rate", "4", "--report", str(tmp_path / "report.json")]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, env=os.environ)
     output = done.stderr
@@ -120,7 +120,7 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
 def test_a_capability_selected_without_successes_to_compare_is_narrated_not_fatal() -> None:
     """After an adapter goes live, a capability can be selected whose ER+ has no successful run to
     come from (None in the API): the narration says n/a instead of stopping the demo."""
-    from daemon.demo import Narrator, Tally
+    from daemon.app.demo import Narrator, Tally
 
     lines: list[str] = []
     narrator = Narrator(None, Tally(), False, "http://127.0.0.1:8501", lines.append)  # type: ignore[arg-type]
@@ -153,7 +153,7 @@ def test_an_environment_is_narrated_with_what_the_gate_measured(
 ) -> None:
     """A rejected environment is not a dead end when the warm start is on: the narration says why the
     gate decided and what happens next, instead of a bare status."""
-    from daemon.demo import Narrator, Tally
+    from daemon.app.demo import Narrator, Tally
 
     lines: list[str] = []
     narrator = Narrator(None, Tally(), False, "http://127.0.0.1:8501", lines.append, warm_start=warm_start)  # type: ignore[arg-type]
@@ -167,7 +167,7 @@ def test_conversations_during_the_canary_count_neither_before_nor_after() -> Non
     """'Before' is the base alone: once a canary routes a share of the traffic to the adapter, the
     conversations that finish go to their own bucket until it is live; a canary that ends without
     going live hands the traffic back to the base, and 'before' again."""
-    from daemon.demo import Narrator, Tally
+    from daemon.app.demo import Narrator, Tally
 
     lines: list[str] = []
     tally = Tally()

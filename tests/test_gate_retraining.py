@@ -14,8 +14,8 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("peft")
 
-from daemon.settings import StoreSettings  # noqa: E402
-from daemon.store import AnalysisStore, Store  # noqa: E402
+from daemon.core.settings import StoreSettings  # noqa: E402
+from daemon.store.store import AnalysisStore, Store  # noqa: E402
 from tests.conftest import REPO, RunningDaemon, free_port, make_daemon, wait_for  # noqa: E402
 from tests.lora_support import make_adapter, register_candidate  # noqa: E402
 from tests.test_going_live import RouterProcess, _post, _state  # noqa: E402

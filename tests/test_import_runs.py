@@ -94,7 +94,7 @@ FORMATS = {
 
 def _cli(*arguments: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "daemon.cli", *arguments], cwd=REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "daemon.app.cli", *arguments], cwd=REPO, capture_output=True, text=True, timeout=120
     )
 
 

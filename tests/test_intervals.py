@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.canary import Rate, judge
-from daemon.intervals import difference, wilson
+from daemon.promotion.canary import Rate, judge
+from daemon.core.intervals import difference, wilson
 
 
 @pytest.mark.parametrize(

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from collectors.otlp import Limits, decode_spans, parse_traces_json
 from collectors.trajectories import Assembler
-from daemon.analysis import Analyzer
-from daemon.capabilities import Capability, CapabilityRegistry, Judgement, Label, Trajectory
-from daemon.settings import AnalysisSettings, AssemblerSettings, OutcomeSettings, StoreSettings, WriterSettings
-from daemon.store import Store
-from daemon.writer import BatchedWriter
+from daemon.analysis.analyzer import Analyzer
+from daemon.analysis.capabilities import Capability, CapabilityRegistry, Judgement, Label, Trajectory
+from daemon.core.settings import AnalysisSettings, AssemblerSettings, OutcomeSettings, StoreSettings, WriterSettings
+from daemon.store.store import Store
+from daemon.store.writer import BatchedWriter
 from tests.otlp_builders import json_span, json_traces, new_span_id, new_trace_id
 
 

@@ -170,7 +170,7 @@ def test_trajectories_endpoint_filters_by_capability_label(labeled: tuple[Runnin
 
 
 def _prose_only(question: str, tools: tuple[str, ...], source: str = "trajectory"):  # type: ignore[no-untyped-def]
-    from daemon.capabilities import ToolSpec, Trajectory, Turn
+    from daemon.analysis.capabilities import ToolSpec, Trajectory, Turn
 
     turns = [Turn(0, "user", question, [], None, "s0"), Turn(1, "assistant", "Happy to help with that!", [], None, "s1")]
     specs = {name: ToolSpec(name, "", {"type": "object"}) for name in tools}
@@ -189,7 +189,7 @@ def _prose_only(question: str, tools: tuple[str, ...], source: str = "trajectory
     ],
 )
 def test_a_run_given_tools_that_answers_in_prose_what_a_tool_is_for_lacks_tool_calls(question: str, source: str, expected: str) -> None:
-    from daemon.builtin_capabilities import ToolCallPrecision
+    from daemon.analysis.builtin_capabilities import ToolCallPrecision
 
     judgement = ToolCallPrecision().label(_prose_only(question, ("get_baggage_policy", "get_reservation", "cancel_reservation"), source))
     assert judgement.label.value == expected, judgement.reason

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from daemon.builtin_capabilities import (
+from daemon.analysis.builtin_capabilities import (
     ArgumentGrounding, MultiStepCompletion, PreconditionVerification, StructuredDataReasoning, ToolCallPrecision,
 )  # fmt: skip
-from daemon.capabilities import Judgement, Label, ToolCall, ToolSpec, Trajectory, Turn
-from daemon.settings import load_settings
+from daemon.analysis.capabilities import Judgement, Label, ToolCall, ToolSpec, Trajectory, Turn
+from daemon.core.settings import load_settings
 
 # config.toml's defaults (confirmation_phrases, handoff_tools), not the environment of whoever runs the tests.
 SETTINGS = load_settings(environ={}).capabilities
@@ -81,7 +81,7 @@ class Call:
 
 
 def run(*messages: User | Say | Call, system: str = POLICY) -> Trajectory:
-    """The trajectory of a conversation, laid out as the store assembles one (daemon/analysis.py)."""
+    """The trajectory of a conversation, laid out as the store assembles one (daemon/analysis/analyzer.py)."""
     turns = [Turn(0, "system", system, [], None, "span-0")]
     calls: list[ToolCall] = []
     for message in messages:

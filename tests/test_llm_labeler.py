@@ -40,9 +40,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from daemon import llm_labeler
-from daemon.capabilities import Judgement, Label, ToolCall, ToolSpec, Trajectory, Turn
-from daemon.llm_labeler import (
+from daemon.analysis import llm_labeler
+from daemon.analysis.capabilities import Judgement, Label, ToolCall, ToolSpec, Trajectory, Turn
+from daemon.analysis.llm_labeler import (
     DISCOVERY_SCHEMA,
     LABEL_SCHEMA,
     ChatClient,
@@ -57,7 +57,7 @@ from daemon.llm_labeler import (
     snake_case,
     strip_fences,
 )
-from daemon.settings import ConfigError
+from daemon.core.settings import ConfigError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llm"
 
@@ -626,8 +626,8 @@ def test_llm_capabilities_builds_custom_capabilities() -> None:
 
 
 def test_custom_capabilities_with_the_llm_off_are_reported_not_dropped_silently() -> None:
-    from daemon.capabilities import load_registry
-    from daemon.settings import CapabilitySettings
+    from daemon.analysis.capabilities import load_registry
+    from daemon.core.settings import CapabilitySettings
 
     custom = [{"name": "datetime_reasoning", "description": "Resolve relative dates correctly."}]
     registry = load_registry(CapabilitySettings(), LLMSettings(custom=custom))

@@ -8,9 +8,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from daemon.migrations import MIGRATIONS, Migration
-from daemon.settings import StoreSettings
-from daemon.store import Store, StoreError
+from daemon.store.migrations import MIGRATIONS, Migration
+from daemon.core.settings import StoreSettings
+from daemon.store.store import Store, StoreError
 
 
 def _open(path: Path) -> Store:

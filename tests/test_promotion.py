@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon.promotion import IllegalTransition, NotFound, Promotion
-from daemon.settings import StoreSettings
-from daemon.store import AnalysisStore, Store
-from daemon.trigger import COOLDOWN
+from daemon.promotion.lifecycle import IllegalTransition, NotFound, Promotion
+from daemon.core.settings import StoreSettings
+from daemon.store.store import AnalysisStore, Store
+from daemon.analysis.trigger import COOLDOWN
 from tests.lora_support import register_candidate
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from daemon.capabilities import load_registry
-from daemon.settings import CapabilitySettings
+from daemon.analysis.capabilities import load_registry
+from daemon.core.settings import CapabilitySettings
 from trainer.environment import assistant_call, assistant_text, load_tools
 from trainer.replay import _trajectory
 

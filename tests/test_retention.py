@@ -7,9 +7,9 @@ from pathlib import Path
 
 from collectors.otlp import Limits, decode_spans, parse_traces_json
 from collectors.trajectories import Assembler
-from daemon.settings import AssemblerSettings, OutcomeSettings, StoreSettings, WriterSettings
-from daemon.store import AnalysisStore, Store
-from daemon.writer import BatchedWriter
+from daemon.core.settings import AssemblerSettings, OutcomeSettings, StoreSettings, WriterSettings
+from daemon.store.store import AnalysisStore, Store
+from daemon.store.writer import BatchedWriter
 
 DAY_NS = 86_400 * 10**9
 

@@ -33,7 +33,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from daemon.settings import load_settings  # noqa: E402
+from daemon.core.settings import load_settings  # noqa: E402
 from router import protocol  # noqa: E402
 from router.backend import EmbeddedBackend, held_back  # noqa: E402
 from router.routing import LABELS, classifier_messages  # noqa: E402
@@ -641,7 +641,7 @@ def test_tracefix_router_serves_until_sigterm_then_stops_cleanly(base_dir: Path,
     )
     log = (tmp_path / "router.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "router", "--config", str(config)],
+        [sys.executable, "-m", "daemon.app.cli", "router", "--config", str(config)],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     try:

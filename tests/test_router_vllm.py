@@ -281,7 +281,7 @@ class Router:
             f'routing = "off"\nmax_context_tokens = 1024\nexport_spans = false\n'
         )
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "daemon.cli", "router", "--config", str(config)],
+            [sys.executable, "-m", "daemon.app.cli", "router", "--config", str(config)],
             cwd=REPO, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip

@@ -16,10 +16,10 @@ import pytest
 
 pytest.importorskip("trl")
 
-from daemon.registry import Registry  # noqa: E402
-from daemon.settings import ModelSettings, Settings, StoreSettings, TrainingSettings  # noqa: E402
-from daemon.store import AnalysisStore, Store  # noqa: E402
-from daemon.training_job import TrainingRunner  # noqa: E402
+from daemon.promotion.registry import Registry  # noqa: E402
+from daemon.core.settings import ModelSettings, Settings, StoreSettings, TrainingSettings  # noqa: E402
+from daemon.store.store import AnalysisStore, Store  # noqa: E402
+from daemon.pipeline.training_job import TrainingRunner  # noqa: E402
 from examples.traffic import generate, send  # noqa: E402
 from tests.conftest import REPO, make_daemon  # noqa: E402
 from trainer.adapters import base_model_hash, verify_adapter  # noqa: E402
@@ -194,7 +194,7 @@ def test_tracefix_train_runs_one_in_the_foreground_on_a_tools_file(tmp_path: Pat
         "TRACEFIX_TRAINING_EVAL_MARGIN": "0", "TRACEFIX_MODEL_MAX_NEW_TOKENS": "8",
     }  # fmt: skip
     command = [
-        sys.executable, "-m", "daemon.cli", "train", "tool_call_precision", "--tools", str(REPO / "tests" / "fixtures" / "tools" / "retail.json"),
+        sys.executable, "-m", "daemon.app.cli", "train", "tool_call_precision", "--tools", str(REPO / "tests" / "fixtures" / "tools" / "retail.json"),
         "--model", str(tiny_model), "--steps", "1", "--warm-start", "1", "--eval-seeds", "2", "--output", str(tmp_path / "run"), "--json",
     ]  # fmt: skip
     shown = subprocess.run(command, cwd=REPO, env=environ, capture_output=True, text=True, timeout=300)
@@ -211,7 +211,7 @@ def test_a_runs_progress_is_told_by_its_phase() -> None:
     """The warm start and the evaluation take most of a CPU run: their records say where the run
     stands, and the GRPO charts keep to the GRPO steps (records from before phases were recorded
     count as GRPO steps)."""
-    from daemon.registry import grpo_steps, progress_text
+    from daemon.promotion.registry import grpo_steps, progress_text
 
     warm = {"phase": "warm_start", "step": 3, "max_steps": 96, "loss": 0.5, "elapsed_s": 61.2}
     step = {"step": 2, "max_steps": 4, "mean_reward": 0.25, "elapsed_s": 10.0}

@@ -31,7 +31,7 @@ def _children(up: subprocess.Popen) -> dict[str, psutil.Process]:
         except psutil.NoSuchProcess:
             continue
         for name in ("daemon", "router", "dashboard"):
-            if f"daemon.cli {name}" in command or (name == "dashboard" and "streamlit" in command):
+            if f"daemon.app.cli {name}" in command or (name == "dashboard" and "streamlit" in command):
                 found[name] = child
     return found
 
@@ -56,7 +56,7 @@ def configured(tmp_path: Path, tiny_model: Path) -> RunningDaemon:
 def _start(configured: RunningDaemon, *extra: str) -> subprocess.Popen:
     output = (configured.directory / "up.out").open("ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "daemon.cli", "up", "--config", str(configured.config_path), *extra],
+        [sys.executable, "-m", "daemon.app.cli", "up", "--config", str(configured.config_path), *extra],
         cwd=REPO, stdout=output, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
 
@@ -69,7 +69,7 @@ def up(configured: RunningDaemon) -> Iterator[subprocess.Popen]:
         process.kill()
         process.wait()
     for child in psutil.Process().children(recursive=True):
-        if "daemon.cli" in " ".join(child.cmdline()) or "streamlit" in " ".join(child.cmdline()):
+        if "daemon.app.cli" in " ".join(child.cmdline()) or "streamlit" in " ".join(child.cmdline()):
             child.kill()
 
 
@@ -96,7 +96,7 @@ def test_up_supervises_the_three_processes_restarts_a_killed_one_and_stops_them_
     assert _children(up)["daemon"].pid == daemon_pid
 
     logs = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "logs", "router", "--config", str(configured.config_path), "-n", "400"],
+        [sys.executable, "-m", "daemon.app.cli", "logs", "router", "--config", str(configured.config_path), "-n", "400"],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert logs.returncode == 0 and logs.stdout.count("tracefix up starts router") == 2, logs.stdout[-2000:]
@@ -122,4 +122,4 @@ def test_a_taken_port_fails_the_start_with_the_childs_error_and_leaves_nothing_r
     printed = (configured.directory / "up.out").read_text()
     assert "tracefix up failed: daemon exited with" in printed and "address" in printed.lower(), printed[-2000:]
     time.sleep(0.5)
-    assert not [child for child in psutil.Process().children(recursive=True) if "daemon.cli daemon" in " ".join(child.cmdline())]
+    assert not [child for child in psutil.Process().children(recursive=True) if "daemon.app.cli daemon" in " ".join(child.cmdline())]

@@ -22,9 +22,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from daemon.settings import CapabilitySettings, GateSettings, ModelSettings, Settings, StoreSettings  # noqa: E402
-from daemon.store import AnalysisStore, Store  # noqa: E402
-from daemon.validation_job import Validator  # noqa: E402
+from daemon.core.settings import CapabilitySettings, GateSettings, ModelSettings, Settings, StoreSettings  # noqa: E402
+from daemon.store.store import AnalysisStore, Store  # noqa: E402
+from daemon.pipeline.validation_job import Validator  # noqa: E402
 from examples.traffic import generate, send  # noqa: E402
 from tests.conftest import REPO, make_daemon  # noqa: E402
 from trainer.environment import Environment, load_tools  # noqa: E402
@@ -163,7 +163,7 @@ def test_envs_validate_prints_the_attempts_and_exits_1_when_the_gate_rejects(tmp
     config = tmp_path / "tracefix.toml"
     config.write_text(f'[store]\npath = "{tmp_path / "tracefix.duckdb"}"\n[model]\nmax_new_tokens = 8\nthreads = 1\n')
     result = subprocess.run(
-        [sys.executable, "-m", "daemon.cli", "envs", "validate", "tool_call_precision", "--tools", str(RETAIL),
+        [sys.executable, "-m", "daemon.app.cli", "envs", "validate", "tool_call_precision", "--tools", str(RETAIL),
          "--seeds", "2", "--group-size", "2", "--model", str(tiny_model), "--config", str(config)],
         cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "120"},
     )  # fmt: skip

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from daemon.intervals import Z95, wilson
+from daemon.core.intervals import Z95, wilson
 from trainer.environment import Environment
 from trainer.rollouts import Sampling, generate_rollouts
 

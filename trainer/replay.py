@@ -44,7 +44,7 @@ class _FirstTurn(Instance):
 
 def _trajectory(case: dict[str, Any], answer: Message, tools: Sequence[Tool]) -> Any:
     """The one-turn trajectory the capability's labeler reads."""
-    from daemon.capabilities import ToolCall, ToolSpec, Trajectory, Turn
+    from daemon.analysis.capabilities import ToolCall, ToolSpec, Trajectory, Turn
 
     parsed = parse_assistant(answer)
     calls = [
@@ -67,8 +67,8 @@ def replay(
     model: Any, tokenizer: Any, capability: str, cases: list[dict[str, Any]], tools: Sequence[Tool], sampling: Sampling
 ) -> dict[str, Any]:
     """Base (adapter disabled) vs adapter on each case's first turn, judged by the capability's labeler."""
-    from daemon.capabilities import load_registry
-    from daemon.settings import CapabilitySettings
+    from daemon.analysis.capabilities import load_registry
+    from daemon.core.settings import CapabilitySettings
 
     registry = load_registry(CapabilitySettings())
     if capability not in registry or not cases:

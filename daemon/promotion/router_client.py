@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from daemon.auth import stored_token
-from daemon.settings import Settings
+from daemon.core.auth import stored_token
+from daemon.core.settings import Settings
 
 ROUTER_TOKEN_FILE = "router.token"
 

@@ -14,9 +14,9 @@ import duckdb
 import orjson
 import pyarrow as pa
 
-from daemon.migrations import MIGRATIONS, Migration
-from daemon.semconv import EVALUATION_EVENT
-from daemon.settings import StoreSettings
+from daemon.store.migrations import MIGRATIONS, Migration
+from daemon.core.semconv import EVALUATION_EVENT
+from daemon.core.settings import StoreSettings
 
 log = logging.getLogger(__name__)
 

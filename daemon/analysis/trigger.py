@@ -15,10 +15,10 @@ from typing import Any
 
 import orjson
 
-from daemon import metrics
-from daemon.capabilities import CapabilityRegistry
-from daemon.settings import AnalysisSettings, TriggerSettings
-from daemon.store import AnalysisStore, Store
+from daemon.core import metrics
+from daemon.analysis.capabilities import CapabilityRegistry
+from daemon.core.settings import AnalysisSettings, TriggerSettings
+from daemon.store.store import AnalysisStore, Store
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from daemon.settings import Settings
-from daemon.store import AnalysisStore
-from daemon.subprocess_job import ModelSubprocess, Stopped, TimedOut, error_tail
+from daemon.core.settings import Settings
+from daemon.store.store import AnalysisStore
+from daemon.pipeline.subprocess_job import ModelSubprocess, Stopped, TimedOut, error_tail
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from daemon.promotion import Promotion, served_name
-from daemon.registry import Registry
-from daemon.router_client import RouterAdmin, RouterError
-from daemon.settings import Settings
-from daemon.subprocess_job import ModelSubprocess, Stopped, TimedOut, error_tail
+from daemon.promotion.lifecycle import Promotion, served_name
+from daemon.promotion.registry import Registry
+from daemon.promotion.router_client import RouterAdmin, RouterError
+from daemon.core.settings import Settings
+from daemon.pipeline.subprocess_job import ModelSubprocess, Stopped, TimedOut, error_tail
 from trainer.jobs import write_atomically
 
 log = logging.getLogger(__name__)

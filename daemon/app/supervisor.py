@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-from daemon.settings import Settings
+from daemon.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def children(settings: Settings, config_path: Path | None, names: Sequence[str] 
         ),
     }
     return [
-        Child(name, [sys.executable, "-m", "daemon.cli", name, *config], health, listens, timeout, logs / f"{name}.log")
+        Child(name, [sys.executable, "-m", "daemon.app.cli", name, *config], health, listens, timeout, logs / f"{name}.log")
         for name in names
         for health, listens, timeout in [specs[name]]
     ]

@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 
-from daemon.capabilities import Capability, CapabilityRegistry, Evaluation, Judgement, Label, Labeler, Trajectory
-from daemon.semconv import EVALUATION_EVENT, event_attributes
-from daemon.settings import EvaluationMapping
+from daemon.analysis.capabilities import Capability, CapabilityRegistry, Evaluation, Judgement, Label, Labeler, Trajectory
+from daemon.core.semconv import EVALUATION_EVENT, event_attributes
+from daemon.core.settings import EvaluationMapping
 
 _VERSION = "1"  # of the mapping rules below; a change relabels every mapped capability
 _MAX_REASON = 1000

@@ -11,7 +11,7 @@ from typing import Any
 import click
 import orjson
 
-from daemon.settings import ConfigError, Settings, load_settings
+from daemon.core.settings import ConfigError, Settings, load_settings
 
 config_option = click.option(
     "--config",
@@ -43,8 +43,8 @@ def _log_to_stderr() -> None:
 
 
 def _serve(config_path: Path | None) -> None:
-    from daemon.service import Daemon
-    from daemon.store import StoreError
+    from daemon.app.service import Daemon
+    from daemon.store.store import StoreError
 
     settings = _settings(config_path)
     _log_to_stderr()
@@ -112,7 +112,7 @@ def up(config_path: Path | None, without: tuple[str, ...]) -> None:
     all stop on Ctrl-C or SIGTERM. Logs: tracefix logs NAME."""
     import importlib.util
 
-    from daemon import supervisor
+    from daemon.app import supervisor
 
     settings = _settings(config_path)
     names = [name for name in supervisor.NAMES if name not in without]
@@ -131,7 +131,7 @@ def logs(name: str, config_path: Path | None, lines: int, follow: bool) -> None:
     """Show the log of a process started by `tracefix up`."""
     import time
 
-    from daemon.supervisor import log_directory, tail
+    from daemon.app.supervisor import log_directory, tail
 
     path = log_directory(_settings(config_path)) / f"{name}.log"
     if not path.exists():
@@ -174,7 +174,7 @@ def demo(
 ) -> None:
     """Run the whole improvement loop on this machine, narrated: the stack, an example agent's
     traffic, the gap, the environment, training, your approval, the canary, before and after."""
-    from daemon import demo as guided
+    from daemon.app import demo as guided
 
     try:
         status = guided.run(
@@ -191,7 +191,7 @@ def demo(
 @json_option
 def status(config_path: Path | None, as_json: bool) -> None:
     """Counts and health of the running daemon."""
-    from daemon.client import ApiError, DaemonClient, DaemonUnavailable
+    from daemon.app.client import ApiError, DaemonClient, DaemonUnavailable
 
     client = DaemonClient(_settings(config_path))
     try:
@@ -220,7 +220,7 @@ def status(config_path: Path | None, as_json: bool) -> None:
 
 
 def _client_call(config_path: Path | None, method: str, path: str, body: Any = None, **params: Any) -> Any:
-    from daemon.client import ApiError, DaemonClient, DaemonUnavailable
+    from daemon.app.client import ApiError, DaemonClient, DaemonUnavailable
 
     client = DaemonClient(_settings(config_path))
     try:
@@ -399,7 +399,7 @@ def envs() -> None:
 
 
 def _tools(config_path: Path | None, tools_file: Path | None, service: str | None) -> list:
-    from daemon.synthesis import stored_definitions, with_state_changing
+    from daemon.pipeline.synthesis import stored_definitions, with_state_changing
     from trainer.environment import load_tools
 
     settings = _settings(config_path).capabilities
@@ -619,7 +619,7 @@ def train(
 ) -> None:  # fmt: skip
     """Train, evaluate and save one adapter in the foreground (the daemon does the same on its own for
     every gap it detects). Re-running with the same --output resumes from its checkpoints."""
-    from daemon.training_job import job_settings, train_config
+    from daemon.pipeline.training_job import job_settings, train_config
     from trainer.model import ModelUnavailable
     from trainer.train_job import run_training
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from daemon.client import ApiError, DaemonClient, DaemonUnavailable
-from daemon.intervals import wilson
-from daemon.registry import progress_text
-from daemon.settings import ENV_PREFIX, Settings, load_settings
-from daemon.supervisor import loopback
+from daemon.app.client import ApiError, DaemonClient, DaemonUnavailable
+from daemon.core.intervals import wilson
+from daemon.promotion.registry import progress_text
+from daemon.core.settings import ENV_PREFIX, Settings, load_settings
+from daemon.app.supervisor import loopback
 
 # Demo defaults: analysis often enough to watch, a gate and training sized for the CPU, a canary
 # that decides on a few dozen conversations.
@@ -392,7 +392,7 @@ def run(
     from rich.live import Live
     from rich.table import Table
 
-    from daemon import supervisor
+    from daemon.app import supervisor
 
     settings, variables = layered_settings(config_path, fast)
     os.environ.update(variables)  # the children read the demo's settings from the environment

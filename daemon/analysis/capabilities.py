@@ -2,7 +2,7 @@
 
 A capability is registered through the entry point group ``tracefix.capabilities``; each entry
 point names a callable that takes the CapabilitySettings and returns a Capability. The six
-built-ins (daemon/builtin_capabilities.py) are registered exactly that way, in pyproject.toml.
+built-ins (daemon/analysis/builtin_capabilities.py) are registered exactly that way, in pyproject.toml.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from daemon.settings import CapabilitySettings, LLMSettings
+from daemon.core.settings import CapabilitySettings, LLMSettings
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ def load_registry(settings: CapabilitySettings, llm: LLMSettings | None = None) 
             log.error(message)
             registry.errors.append(message)
     if llm is not None and llm.enabled:
-        from daemon.llm_labeler import llm_capabilities  # late: daemon.llm_labeler imports this module
+        from daemon.analysis.llm_labeler import llm_capabilities  # late: daemon.analysis.llm_labeler imports this module
 
         builtin = {capability.name: capability.description for capability in registry if capability.builtin}
         try:
@@ -228,7 +228,7 @@ def load_registry(settings: CapabilitySettings, llm: LLMSettings | None = None) 
         log.warning(message)
         registry.errors.append(message)
     if settings.evaluations:
-        from daemon.evaluation_labels import label_with_evaluations  # late: it imports this module
+        from daemon.analysis.evaluation_labels import label_with_evaluations  # late: it imports this module
 
         label_with_evaluations(registry, settings.evaluations)
     return registry

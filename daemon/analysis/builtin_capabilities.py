@@ -18,8 +18,8 @@ import fastjsonschema
 import jsonschema
 import orjson
 
-from daemon.capabilities import Capability, Judgement, Label, ToolCall, Trajectory
-from daemon.settings import CapabilitySettings
+from daemon.analysis.capabilities import Capability, Judgement, Label, ToolCall, Trajectory
+from daemon.core.settings import CapabilitySettings
 
 RULES_VERSION = "1"
 

@@ -28,13 +28,13 @@ from typing import Any, Protocol
 
 import orjson
 
-from daemon import metrics
-from daemon.canary import Rate, Verdict, capability_failure_rate, judge, routed_outcomes, z_of
-from daemon.registry import Registry
-from daemon.router_client import RouterError
-from daemon.settings import Settings
-from daemon.store import AnalysisStore, Store
-from daemon.trigger import start_cooldown
+from daemon.core import metrics
+from daemon.promotion.canary import Rate, Verdict, capability_failure_rate, judge, routed_outcomes, z_of
+from daemon.promotion.registry import Registry
+from daemon.promotion.router_client import RouterError
+from daemon.core.settings import Settings
+from daemon.store.store import AnalysisStore, Store
+from daemon.analysis.trigger import start_cooldown
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from daemon.capabilities import CapabilityRegistry
-from daemon.settings import CapabilitySettings
-from daemon.store import AnalysisStore
+from daemon.analysis.capabilities import CapabilityRegistry
+from daemon.core.settings import CapabilitySettings
+from daemon.store.store import AnalysisStore
 from trainer.checks import check
 from trainer.environment import Environment, load_tools
 from trainer.families import load_families

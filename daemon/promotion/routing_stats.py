@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.canary import ROUTER_SERVICE
-from daemon.store import Store
+from daemon.promotion.canary import ROUTER_SERVICE
+from daemon.store.store import Store
 
 _EXPERT = """json_extract_string(attributes, '$."tracefix.router.adapter"')"""
 _INPUT = """coalesce(TRY_CAST(json_extract_string(attributes, '$."gen_ai.usage.input_tokens"') AS BIGINT), 0)"""

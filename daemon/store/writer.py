@@ -17,9 +17,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from daemon import metrics
-from daemon.settings import WriterSettings
-from daemon.store import LOG_SCHEMA, SPAN_SCHEMA, AppendResult, Store
+from daemon.core import metrics
+from daemon.core.settings import WriterSettings
+from daemon.store.store import LOG_SCHEMA, SPAN_SCHEMA, AppendResult, Store
 
 log = logging.getLogger(__name__)
 

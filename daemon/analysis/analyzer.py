@@ -17,13 +17,13 @@ from typing import Any
 
 import orjson
 
-from daemon import metrics
-from daemon.capabilities import (
+from daemon.core import metrics
+from daemon.analysis.capabilities import (
     Capability, CapabilityRegistry, Evaluation, Judgement, Label, ToolCall, ToolSpec, Trajectory, Turn,
 )  # fmt: skip
-from daemon.evaluation_labels import EvaluationLabeler, log_evaluation, span_evaluations
-from daemon.settings import AnalysisSettings
-from daemon.store import AnalysisStore, Store
+from daemon.analysis.evaluation_labels import EvaluationLabeler, log_evaluation, span_evaluations
+from daemon.core.settings import AnalysisSettings
+from daemon.store.store import AnalysisStore, Store
 
 log = logging.getLogger(__name__)
 

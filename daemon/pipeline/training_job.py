@@ -18,11 +18,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from daemon.registry import Registry
-from daemon.settings import Settings
-from daemon.store import AnalysisStore
-from daemon.subprocess_job import ModelSubprocess, Stopped, TimedOut, error_tail
-from daemon.trigger import start_cooldown
+from daemon.promotion.registry import Registry
+from daemon.core.settings import Settings
+from daemon.store.store import AnalysisStore
+from daemon.pipeline.subprocess_job import ModelSubprocess, Stopped, TimedOut, error_tail
+from daemon.analysis.trigger import start_cooldown
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-_PACKAGED_DEFAULTS = Path(__file__).with_name("default_config.toml")
-_SOURCE_DEFAULTS = Path(__file__).resolve().parent.parent / "config.toml"
+_PACKAGED_DEFAULTS = Path(__file__).resolve().parent.parent / "default_config.toml"
+_SOURCE_DEFAULTS = Path(__file__).resolve().parent.parent.parent / "config.toml"
 ENV_PREFIX = "TRACEFIX_"
 CAPABILITY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 

@@ -16,17 +16,17 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, Field
 
-from daemon import metrics
-from daemon.settings import Settings
-from daemon.diagnosis import capability_diagnosis
-from daemon.auth import bearer_matches, stored_token
-from daemon.promotion import IllegalTransition, NotFound
-from daemon.routing_stats import routing_latency, served
-from daemon.router_client import RouterError
-from daemon.registry import grpo_steps, read_progress
+from daemon.core import metrics
+from daemon.core.settings import Settings
+from daemon.analysis.diagnosis import capability_diagnosis
+from daemon.core.auth import bearer_matches, stored_token
+from daemon.promotion.lifecycle import IllegalTransition, NotFound
+from daemon.promotion.routing_stats import routing_latency, served
+from daemon.promotion.router_client import RouterError
+from daemon.promotion.registry import grpo_steps, read_progress
 
 if TYPE_CHECKING:
-    from daemon.service import Daemon
+    from daemon.app.service import Daemon
 
 VERSION = "0.1.0"
 TOKEN_FILE = "api.token"
@@ -270,7 +270,7 @@ def create_api(daemon: Daemon) -> FastAPI:
     @api.post("/api/capabilities/discover")
     def discover(caller: Caller, body: Discover | None = None) -> dict[str, Any]:
         """Ask the [llm] endpoint for capabilities whose absence explains failures (the paper's discovery step)."""
-        from daemon.llm_labeler import ChatClient, LLMOutputError, LLMUnavailable, discover_capabilities
+        from daemon.analysis.llm_labeler import ChatClient, LLMOutputError, LLMUnavailable, discover_capabilities
 
         body = body or Discover()
         store = daemon.analysis_store

@@ -18,22 +18,22 @@ from collectors.http_receiver import HttpReceiver
 from collectors.ingest import Ingestor
 from collectors.otlp import Limits
 from collectors.trajectories import Assembler
-from daemon import metrics
-from daemon.analysis import Analyzer
-from daemon.api import create_api
-from daemon.capabilities import load_registry
-from daemon.settings import Settings
-from daemon.sockets import bind
-from daemon.store import AnalysisStore, Store
-from daemon.synthesis import Synthesizer
-from daemon.trigger import HEALTHY, Trigger
-from daemon.promotion import Promotion
-from daemon.registry import Registry
-from daemon.router_client import RouterAdmin
-from daemon.training_job import TrainingRunner
-from daemon.gate_job import GateRunner
-from daemon.validation_job import Validator
-from daemon.writer import BatchedWriter
+from daemon.core import metrics
+from daemon.analysis.analyzer import Analyzer
+from daemon.app.api import create_api
+from daemon.analysis.capabilities import load_registry
+from daemon.core.settings import Settings
+from daemon.core.sockets import bind
+from daemon.store.store import AnalysisStore, Store
+from daemon.pipeline.synthesis import Synthesizer
+from daemon.analysis.trigger import HEALTHY, Trigger
+from daemon.promotion.lifecycle import Promotion
+from daemon.promotion.registry import Registry
+from daemon.promotion.router_client import RouterAdmin
+from daemon.pipeline.training_job import TrainingRunner
+from daemon.pipeline.gate_job import GateRunner
+from daemon.pipeline.validation_job import Validator
+from daemon.store.writer import BatchedWriter
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from daemon.store import Store
+from daemon.store.store import Store
 
 RUN_STATES = ("queued", "running", "candidate", "rejected_by_eval", "failed")
 _JSON_COLUMNS = ("config", "result", "evaluation", "tools", "validation", "checks", "baseline")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
-from daemon.intervals import difference, wilson
-from daemon.store import Store
+from daemon.core.intervals import difference, wilson
+from daemon.store.store import Store
 
 ROUTER_SERVICE = "tracefix-router"
 

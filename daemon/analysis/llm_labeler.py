@@ -39,8 +39,8 @@ import httpx
 import jsonschema
 import orjson
 
-from daemon.capabilities import Capability, Judgement, Label, ToolCall, Trajectory, Turn
-from daemon.settings import CAPABILITY_NAME, ConfigError, CustomCapability, LLMSettings  # noqa: F401 (re-exported)
+from daemon.analysis.capabilities import Capability, Judgement, Label, ToolCall, Trajectory, Turn
+from daemon.core.settings import CAPABILITY_NAME, ConfigError, CustomCapability, LLMSettings  # noqa: F401 (re-exported)
 
 # Seconds slept before retrying after a transport error or a retryable HTTP status (times 2**attempt).
 RETRY_BACKOFF_S = 0.25

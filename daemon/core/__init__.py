@@ -1,0 +1,1 @@
+"""What every tracefix process shares: settings, auth, sockets, metrics, intervals, semantic-convention names."""

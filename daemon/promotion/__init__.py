@@ -1,0 +1,1 @@
+"""Runs and adapters, their promotion lifecycle, canaries, served-traffic statistics, the router admin client."""
