@@ -48,7 +48,7 @@ def api_url(settings: Settings) -> str:
 
 def api_token(settings: Settings) -> str:
     """The bearer token for approvals: [api] token, else the one the daemon keeps in <store dir>/api.token."""
-    from daemon.app.api import api_token as daemon_token
+    from daemon.core.auth import api_token as daemon_token
 
     return daemon_token(settings)
 

@@ -8,7 +8,7 @@ uses: PEFT applies a different adapter to each row of a batch (``adapter_names``
 different adapters share one forward pass instead of waiting for each other. A batch runs until
 its last sequence ends; requests arriving meanwhile wait for the next one.
 
-Requests routed by the token-level gate (``router.gate``) are batched only with each other: the
+Requests routed by the token-level gate (``trainer.gate``) are batched only with each other: the
 gate replaces the LoRA layers' forward for the whole model, so it is installed for gate batches and
 removed before anything else runs.
 
@@ -214,7 +214,7 @@ class EmbeddedBackend:
         self.loaded: dict[str, Path] = {}
         self.prefixes = prefix_cache.PrefixStore(prefix_cache_mib << 20) if prefix_cache_mib else None
         self._lock = threading.Lock()  # held by every forward pass and every change of the model
-        self._gate: Any = None  # the installed router.gate.GatedExperts, for `_gate_spec`
+        self._gate: Any = None  # the installed trainer.gate.GatedExperts, for `_gate_spec`
         self._gate_spec: GateSpec | None = None
         self._pending: deque[Generation] = deque()
         self._ready = threading.Condition()
@@ -298,7 +298,7 @@ class EmbeddedBackend:
             self._gate.remove()
             self._gate, self._gate_spec = None, None
         if gate is not None and self._gate is None:
-            from router.gate import GatedExperts
+            from trainer.gate import GatedExperts
 
             gated = GatedExperts(self.model, list(gate.adapters))
             try:

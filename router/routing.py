@@ -2,7 +2,7 @@
 
 Modes: ``off`` (always the base model), ``fixed`` (one capability's live version, or base),
 ``classifier`` (the paper's: the frozen base model reads the first user turn and picks a one-token
-label) and ``gate`` (the token-level mixture of ``router.gate``, with gate weights trained for
+label) and ``gate`` (the token-level mixture of ``trainer.gate``, with gate weights trained for
 exact adapter versions). A request takes a lease on the version it starts with. Loading
 ``<capability>@v<N+1>`` points the capability at it at once; the old version stops taking requests
 and is unloaded when its last lease comes back. A gate cannot mix a version it was not trained
@@ -375,9 +375,9 @@ class RoutingTable:
                 "cannot mix adapters token by token; use classifier, fixed or off with backend 'vllm'"
             )
         try:
-            from router.gate import gate_adapters
+            from trainer.gate import gate_adapters
         except Exception as error:  # missing or broken, the caller's answer is the same
-            raise RoutingError(f"routing mode 'gate' needs router.gate, which cannot be imported: {error}") from None
+            raise RoutingError(f"routing mode 'gate' needs trainer.gate, which cannot be imported: {error}") from None
         if not path:
             raise RoutingError("mode 'gate' needs 'gate': the path of gate weights trained for live adapters")
         try:

@@ -26,8 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
-from daemon.core.auth import bearer_matches, stored_token
-from daemon.promotion.router_client import ROUTER_TOKEN_FILE
+from daemon.core.auth import bearer_matches, router_token
 from daemon.core.settings import CAPABILITY_NAME, ConfigError, Settings
 from daemon.core.sockets import bind
 from router import metrics, protocol
@@ -51,11 +50,6 @@ log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 MAX_BODY_BYTES = 8 * 1024 * 1024  # far above max_context_tokens of text; stops a runaway client early
-
-
-def router_token(settings: Settings, create: bool = False) -> str:
-    """The admin token: from config, else from <store dir>/router.token (created by the router, mode 0600)."""
-    return stored_token(settings.router.token, Path(settings.store.path).parent / ROUTER_TOKEN_FILE, create)
 
 
 class BodyLimit:

@@ -18,7 +18,7 @@ from peft.tuners.lora import Linear as LoraLinear  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from router.gate import GatedExperts, GateMismatch, gate_adapters  # noqa: E402
+from trainer.gate import GatedExperts, GateMismatch, gate_adapters  # noqa: E402
 from trainer import model as models  # noqa: E402
 from trainer.gate_training import IGNORE, GateExample, examples_from_trajectories, train_gate  # noqa: E402
 from trainer.rollouts import ChatTokens  # noqa: E402

@@ -393,11 +393,11 @@ def test_routing_modes_off_fixed_and_their_refusals(router: Router) -> None:
 def test_gate_mode_needs_the_gate_module_and_a_gate_for_live_adapters(
     router: Router, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setitem(sys.modules, "router.gate", None)  # as if router.gate were not installed
+    monkeypatch.setitem(sys.modules, "trainer.gate", None)  # as if trainer.gate were not installed
     refused = router.admin("PUT", "/admin/routing", {"mode": "gate", "gate": str(tmp_path / "gate.safetensors")})
-    assert refused.status_code == 400 and "router.gate" in refused.json()["error"]["message"]
+    assert refused.status_code == 400 and "trainer.gate" in refused.json()["error"]["message"]
     monkeypatch.undo()
-    from router.gate import GatedExperts
+    from trainer.gate import GatedExperts
 
     names = ["gatea@v1", "gateb@v1"]
     for index, name in enumerate(names):

@@ -211,7 +211,7 @@ def test_a_runs_progress_is_told_by_its_phase() -> None:
     """The warm start and the evaluation take most of a CPU run: their records say where the run
     stands, and the GRPO charts keep to the GRPO steps (records from before phases were recorded
     count as GRPO steps)."""
-    from daemon.promotion.registry import grpo_steps, progress_text
+    from daemon.core.progress import grpo_steps, progress_text
 
     warm = {"phase": "warm_start", "step": 3, "max_steps": 96, "loss": 0.5, "elapsed_s": 61.2}
     step = {"step": 2, "max_steps": 4, "mean_reward": 0.25, "elapsed_s": 10.0}

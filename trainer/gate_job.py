@@ -49,7 +49,7 @@ def trajectories(request: dict[str, Any], tokenizer: Any) -> list[tuple[list[dic
 
 
 def train(request: dict[str, Any], output: Path) -> dict[str, Any]:
-    from router.gate import GatedExperts
+    from trainer.gate import GatedExperts
     from trainer import model as models
     from trainer.adapters import load_adapter
     from trainer.gate_training import examples_from_trajectories, train_gate

@@ -23,7 +23,7 @@ from trainer.environment import Message
 from trainer.rollouts import ChatTokens
 
 if TYPE_CHECKING:
-    from router.gate import GatedExperts
+    from trainer.gate import GatedExperts
 
 IGNORE = -100  # the label of tokens the gate is not trained on
 

@@ -64,13 +64,15 @@ def _trajectory(case: dict[str, Any], answer: Message, tools: Sequence[Tool]) ->
 
 
 def replay(
-    model: Any, tokenizer: Any, capability: str, cases: list[dict[str, Any]], tools: Sequence[Tool], sampling: Sampling
+    model: Any, tokenizer: Any, capability: str, cases: list[dict[str, Any]], tools: Sequence[Tool], sampling: Sampling,
+    capabilities: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Base (adapter disabled) vs adapter on each case's first turn, judged by the capability's labeler."""
+    """Base (adapter disabled) vs adapter on each case's first turn, judged by the capability's labeler
+    as the daemon configured it (`capabilities`: its [capabilities] settings)."""
     from daemon.analysis.capabilities import load_registry
     from daemon.core.settings import CapabilitySettings
 
-    registry = load_registry(CapabilitySettings())
+    registry = load_registry(CapabilitySettings.model_validate(capabilities or {}))
     if capability not in registry or not cases:
         return {"cases": 0, "reproducible": 0, "reason": "no rule labeler or no failed trajectories to replay"}
     labeler = registry[capability].labeler

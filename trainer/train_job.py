@@ -68,7 +68,7 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
     cases = request.get("replay") or []
     if cases:
         on_part(f"replay of {len(cases)} failed openings")
-    verdict["replay"] = replay(model, tokenizer, request["capability"], cases, tools, sampling)
+    verdict["replay"] = replay(model, tokenizer, request["capability"], cases, tools, sampling, request.get("capabilities"))
     result: dict[str, Any] = {
         "run_id": request["run_id"],
         "capability": request["capability"],

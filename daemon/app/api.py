@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import asdict
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
@@ -19,22 +18,17 @@ from pydantic import BaseModel, Field
 from daemon.core import metrics
 from daemon.core.settings import Settings
 from daemon.analysis.diagnosis import capability_diagnosis
-from daemon.core.auth import bearer_matches, stored_token
+from daemon.core.auth import api_token, bearer_matches
 from daemon.promotion.lifecycle import IllegalTransition, NotFound
 from daemon.promotion.routing_stats import routing_latency, served
 from daemon.promotion.router_client import RouterError
-from daemon.promotion.registry import grpo_steps, read_progress
+from daemon.core.progress import grpo_steps
+from daemon.promotion.registry import read_progress
 
 if TYPE_CHECKING:
     from daemon.app.service import Daemon
 
 VERSION = "0.1.0"
-TOKEN_FILE = "api.token"
-
-
-def api_token(settings: Settings, create: bool = False) -> str:
-    """The API token: from config, else from <store dir>/api.token (created by the daemon, mode 0600)."""
-    return stored_token(settings.api.token, Path(settings.store.path).parent / TOKEN_FILE, create)
 
 
 class Feedback(BaseModel):

@@ -23,7 +23,7 @@ class DaemonClient:
     def __init__(self, settings: Settings, timeout_s: float = 10.0) -> None:
         host = settings.api.host if settings.api.host not in ("0.0.0.0", "::") else "127.0.0.1"
         self.base_url = f"http://{host}:{settings.api.port}"
-        from daemon.app.api import api_token
+        from daemon.core.auth import api_token
 
         token = api_token(settings)
         headers = {"Authorization": f"Bearer {token}"} if token else {}

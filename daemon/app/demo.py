@@ -26,7 +26,7 @@ from typing import Any
 
 from daemon.app.client import ApiError, DaemonClient, DaemonUnavailable
 from daemon.core.intervals import wilson
-from daemon.promotion.registry import progress_text
+from daemon.core.progress import progress_text
 from daemon.core.settings import ENV_PREFIX, Settings, load_settings
 from daemon.app.supervisor import loopback
 

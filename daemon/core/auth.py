@@ -7,6 +7,12 @@ import os
 import secrets
 from pathlib import Path
 
+from daemon.core.settings import Settings
+
+
+API_TOKEN_FILE = "api.token"
+ROUTER_TOKEN_FILE = "router.token"
+
 
 def bearer_matches(header: str, token: str) -> bool:
     """Whether an ``Authorization`` header value carries ``Bearer <token>`` (compared in constant time)."""
@@ -29,3 +35,13 @@ def stored_token(configured: str, path: Path, create: bool = False) -> str:
     with os.fdopen(descriptor, "w") as handle:
         handle.write(token + "\n")
     return token
+
+
+def api_token(settings: Settings, create: bool = False) -> str:
+    """The daemon API's token: from config, else from <store dir>/api.token (created by the daemon, mode 0600)."""
+    return stored_token(settings.api.token, Path(settings.store.path).parent / API_TOKEN_FILE, create)
+
+
+def router_token(settings: Settings, create: bool = False) -> str:
+    """The router's admin token: from config, else from <store dir>/router.token (created by the router)."""
+    return stored_token(settings.router.token, Path(settings.store.path).parent / ROUTER_TOKEN_FILE, create)

@@ -170,6 +170,8 @@ def job_settings(settings: Settings) -> dict[str, Any]:
         "model": {**model.model_dump(mode="json"), "cache_dir": str(cache_dir)},
         "evaluation": {"seeds": training.eval_seeds, "margin": training.eval_margin, "interference": training.eval_interference},
         "memory_mb": training.memory_mb,
+        # The replay judges adapter answers with the labelers as this daemon configures them.
+        "capabilities": settings.capabilities.model_dump(mode="json"),
     }
 
 

@@ -8,10 +8,9 @@ from typing import Any
 
 import httpx
 
-from daemon.core.auth import stored_token
+from daemon.core.auth import ROUTER_TOKEN_FILE, stored_token
 from daemon.core.settings import Settings
 
-ROUTER_TOKEN_FILE = "router.token"
 
 
 class RouterError(RuntimeError):

@@ -12,7 +12,7 @@ import streamlit as st
 
 from dashboard import charts, conversation
 from dashboard.page import PageContext, rate, show
-from daemon.promotion.registry import grpo_steps, progress_text
+from daemon.core.progress import grpo_steps, progress_text
 
 
 def environment_table(items: list[Mapping[str, Any]]) -> pd.DataFrame:
