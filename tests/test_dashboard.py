@@ -22,7 +22,7 @@ import httpx
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from daemon.promotion.registry import Registry
+from daemon.store.runs import RunStore
 from daemon.core.settings import StoreSettings
 from daemon.store.store import AnalysisStore, Store
 from dashboard.routing_stats import expert_rows, snapshot_of
@@ -84,7 +84,7 @@ def seed_pipeline(directory: Path) -> None:
     """Per candidate capability: an environment built from the demo agent's tools and checked for
     real, validated; a finished run with its progress.jsonl; a candidate adapter with its report."""
     store = Store(StoreSettings(path=directory / "tracefix.duckdb"))
-    analysis, registry = AnalysisStore(store), Registry(store)
+    analysis, registry = AnalysisStore(store), RunStore(store)
     definitions = [{"name": tool["name"], "description": tool["description"], "parameters": tool["parameters"]} for tool in TOOLS]
     families = {family.capability: family for family in load_families().values()}
     for index, capability in enumerate(CANDIDATES):

@@ -10,6 +10,7 @@ functions count too: a late import is still a dependency.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,7 +102,7 @@ def test_the_layer_check_catches_a_backward_import() -> None:
     assert _violation("daemon.store.store", "daemon.analysis.capabilities")
     assert _violation("daemon.core.settings", "daemon.app.cli.main")
     assert _violation("router.server", "daemon.promotion.router_client")
-    assert _violation("dashboard.views.pipeline", "daemon.promotion.registry")
+    assert _violation("dashboard.views.pipeline", "daemon.promotion.lifecycle")
     assert _violation("daemon.analysis.trigger", "trainer.environment")
     assert _violation("collectors.trajectories", "daemon.app.client")
     assert _violation("daemon.app.api", "daemon.core.settings") is None
@@ -142,3 +143,21 @@ def test_no_module_level_import_cycle() -> None:
         if module not in state:
             visit(module)
     assert cycles == [], "\n".join(cycles)
+
+
+_SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ALTER|DROP)\s", re.MULTILINE)
+
+
+def test_only_the_store_holds_sql() -> None:
+    found = []
+    for path in _sources():
+        if path.is_relative_to(REPO / "daemon" / "store"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _SQL.search(node.value):
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value.strip()[:60]}")
+            elif isinstance(node, ast.JoinedStr):
+                text = "".join(part.value for part in node.values if isinstance(part, ast.Constant) and isinstance(part.value, str))
+                if _SQL.search(text):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}: {text.strip()[:60]}")
+    assert found == [], "SQL outside daemon/store/:\n" + "\n".join(found)

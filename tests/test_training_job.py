@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from daemon.promotion.registry import Registry  # noqa: E402
+from daemon.store.runs import RunStore  # noqa: E402
 from daemon.core.settings import ModelSettings, Settings, StoreSettings, TrainingSettings  # noqa: E402
 from daemon.store.store import AnalysisStore, Store  # noqa: E402
 from daemon.pipeline.training_job import TrainingRunner  # noqa: E402
@@ -90,18 +90,18 @@ def test_a_planted_gap_ends_as_a_verified_candidate_adapter_with_no_manual_step(
 
 
 @pytest.fixture
-def runner_store(tmp_path: Path) -> Iterator[tuple[Store, AnalysisStore, Registry]]:
+def runner_store(tmp_path: Path) -> Iterator[tuple[Store, AnalysisStore, RunStore]]:
     """A real DuckDB file with one checked environment and its capability in state `environment`."""
     store = Store(StoreSettings(path=tmp_path / "tracefix.duckdb"))
     analysis = AnalysisStore(store)
     environment = Environment(FAMILY, load_tools(DEFINITIONS), FAMILY.levels[0])
     analysis.add_environment(FAMILY.capability, environment.spec(), "shop", DEFINITIONS, None, "checked", {"passed": True})
     analysis.transition(FAMILY.capability, "healthy", "environment", "environment 1 checked", 0, 0)
-    yield store, analysis, Registry(store)
+    yield store, analysis, RunStore(store)
     store.close()
 
 
-def _runner(store: Store, analysis: AnalysisStore, registry: Registry, model: Path, **training: object) -> TrainingRunner:
+def _runner(store: Store, analysis: AnalysisStore, registry: RunStore, model: Path, **training: object) -> TrainingRunner:
     settings = Settings(
         store=StoreSettings(path=store.path),
         model=ModelSettings(name=str(model), max_new_tokens=8, threads=1),
@@ -112,7 +112,7 @@ def _runner(store: Store, analysis: AnalysisStore, registry: Registry, model: Pa
 
 
 def test_an_adapter_that_does_not_beat_the_base_by_the_margin_is_rejected_by_eval(
-    runner_store: tuple[Store, AnalysisStore, Registry], tiny_model: Path
+    runner_store: tuple[Store, AnalysisStore, RunStore], tiny_model: Path
 ) -> None:
     store, analysis, registry = runner_store
     runner = _runner(store, analysis, registry, tiny_model, eval_margin=1.0)
@@ -125,7 +125,7 @@ def test_an_adapter_that_does_not_beat_the_base_by_the_margin_is_rejected_by_eva
 
 
 def test_a_crashed_run_is_failed_with_its_error_and_leaves_no_adapter(
-    runner_store: tuple[Store, AnalysisStore, Registry], tmp_path: Path
+    runner_store: tuple[Store, AnalysisStore, RunStore], tmp_path: Path
 ) -> None:
     store, analysis, registry = runner_store
     runner = _runner(store, analysis, registry, tmp_path / "missing-model")
@@ -137,7 +137,7 @@ def test_a_crashed_run_is_failed_with_its_error_and_leaves_no_adapter(
 
 
 def test_a_daemon_side_error_fails_the_run_instead_of_leaving_it_running(
-    runner_store: tuple[Store, AnalysisStore, Registry], tiny_model: Path
+    runner_store: tuple[Store, AnalysisStore, RunStore], tiny_model: Path
 ) -> None:
     store, analysis, registry = runner_store
     runner = _runner(store, analysis, registry, tiny_model)
@@ -153,7 +153,7 @@ def _training_processes() -> list[psutil.Process]:
 
 
 def test_a_run_stopped_with_the_daemon_is_requeued_and_resumes_from_its_checkpoint(
-    runner_store: tuple[Store, AnalysisStore, Registry], tiny_model: Path
+    runner_store: tuple[Store, AnalysisStore, RunStore], tiny_model: Path
 ) -> None:
     import threading
 

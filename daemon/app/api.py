@@ -23,7 +23,7 @@ from daemon.promotion.lifecycle import IllegalTransition, NotFound
 from daemon.promotion.routing_stats import routing_latency, served
 from daemon.promotion.router_client import RouterError
 from daemon.core.progress import grpo_steps
-from daemon.promotion.registry import read_progress
+from daemon.core.progress import read_progress
 
 if TYPE_CHECKING:
     from daemon.app.service import Daemon

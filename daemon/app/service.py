@@ -28,7 +28,7 @@ from daemon.store.store import AnalysisStore, Store
 from daemon.pipeline.synthesis import Synthesizer
 from daemon.analysis.trigger import HEALTHY, Trigger
 from daemon.promotion.lifecycle import Promotion
-from daemon.promotion.registry import Registry
+from daemon.store.runs import RunStore
 from daemon.promotion.router_client import RouterAdmin
 from daemon.pipeline.training_job import TrainingRunner
 from daemon.pipeline.gate_job import GateRunner
@@ -76,7 +76,7 @@ class Daemon:
         self.trigger = Trigger(self.store, self.registry, settings.analysis, settings.trigger)
         self.synthesizer = Synthesizer(self.analysis_store, self.registry, settings.capabilities)
         self.validator = Validator(self.analysis_store, settings)
-        self.adapter_registry = Registry(self.store)
+        self.adapter_registry = RunStore(self.store)
         self.training = TrainingRunner(self.analysis_store, self.adapter_registry, settings)
         self.promotion = Promotion(
             self.store, settings, describe=lambda name: self.registry[name].description if name in self.registry else name

@@ -1,8 +1,12 @@
-"""How a training run's progress records read: the CLI, the API, the demo and the dashboard all say it so."""
+"""A training run's progress records: read from its directory, and worded the same by the CLI, the API,
+the demo and the dashboard."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 
 def grpo_steps(progress: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -23,3 +27,20 @@ def progress_text(record: dict[str, Any], steps: int | None = None) -> str:
     reward = record.get("mean_reward")
     reward_text = "n/a" if reward is None else f"{reward:.2f}"
     return f"GRPO step {record.get('step', 0)}/{record.get('max_steps') or steps or '?'}, reward {reward_text}, {elapsed}"
+
+
+def read_progress(directory: str) -> list[dict[str, Any]]:
+    """A run's step records (``progress.jsonl``, appended by the training subprocess); a line being
+    written right now is skipped."""
+    path = Path(directory) / "progress.jsonl"
+    records = []
+    try:
+        lines = path.read_bytes().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            records.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            continue
+    return records

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon.promotion.lifecycle import Promotion, served_name
-from daemon.promotion.registry import Registry
+from daemon.store.runs import RunStore
 from daemon.promotion.router_client import RouterAdmin, RouterError
 from daemon.core.settings import Settings
 from daemon.pipeline.subprocess_job import ModelSubprocess, Stopped, TimedOut, error_tail
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 class GateRunner:
-    def __init__(self, promotion: Promotion, registry: Registry, settings: Settings, router: RouterAdmin) -> None:
+    def __init__(self, promotion: Promotion, registry: RunStore, settings: Settings, router: RouterAdmin) -> None:
         self.promotion = promotion
         self.registry = registry
         self.settings = settings

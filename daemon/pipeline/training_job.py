@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from daemon.promotion.registry import Registry
+from daemon.store.runs import RunStore
 from daemon.core.settings import Settings
 from daemon.store.store import AnalysisStore
 from daemon.pipeline.subprocess_job import ModelSubprocess, Stopped, TimedOut, error_tail
@@ -31,7 +31,7 @@ _JOB_ONLY = {"enabled", "eval_seeds", "eval_margin", "eval_interference", "timeo
 
 
 class TrainingRunner:
-    def __init__(self, store: AnalysisStore, registry: Registry, settings: Settings) -> None:
+    def __init__(self, store: AnalysisStore, registry: RunStore, settings: Settings) -> None:
         self.store = store
         self.registry = registry
         self.settings = settings

@@ -13,9 +13,9 @@ from statistics import NormalDist
 from typing import Any
 
 from daemon.core.intervals import difference, wilson
+from daemon.store import served
 from daemon.store.store import Store
 
-ROUTER_SERVICE = "tracefix-router"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,31 +72,12 @@ def judge(candidate: Rate, reference: Rate, confidence: float, what: str, agains
 
 def routed_outcomes(store: Store, capability: str, since_ns: int) -> dict[str, Rate]:
     """Per expert that served `capability`'s traffic since `since_ns`: its trajectories' outcomes."""
-    rows = store.query(
-        """
-        WITH routed AS (
-            SELECT DISTINCT t.trajectory_id, json_extract_string(s.attributes, '$."tracefix.router.adapter"') AS expert
-            FROM spans s JOIN trajectories t ON list_contains(t.trace_ids, s.trace_id)
-            WHERE s.service_name = ? AND s.start_time_unix_nano >= ?
-              AND json_extract_string(s.attributes, '$."tracefix.router.capability"') = ?
-        )
-        SELECT expert, count(*) FILTER (WHERE o.outcome = 'failure') AS failures, count(*) AS total
-        FROM routed JOIN trajectory_outcomes o USING (trajectory_id)
-        WHERE o.outcome IN ('success', 'failure') AND expert IS NOT NULL
-        GROUP BY expert
-        """,
-        [ROUTER_SERVICE, since_ns, capability],
-    )
-    return {row["expert"]: Rate(int(row["failures"]), int(row["total"])) for row in rows}
+    return {row["expert"]: Rate(int(row["failures"]), int(row["total"])) for row in served.routed_outcomes(store, capability, since_ns)}
 
 
 def capability_failure_rate(store: Store, capability: str, window: str) -> Rate:
     """The capability's failure rate in the latest analysis pass: failed runs among those that need it."""
-    rows = store.query(
-        "SELECT needed_failure, needed_success FROM capability_stats WHERE capability = ? AND window_name = ? "
-        "ORDER BY pass_id DESC LIMIT 1",
-        [capability, window],
-    )
-    if not rows:
+    counts = served.needed_counts(store, capability, window)
+    if counts is None:
         return Rate(0, 0)
-    return Rate(int(rows[0]["needed_failure"]), int(rows[0]["needed_failure"] + rows[0]["needed_success"]))
+    return Rate(int(counts["needed_failure"]), int(counts["needed_failure"] + counts["needed_success"]))

@@ -30,7 +30,7 @@ import orjson
 
 from daemon.core import metrics
 from daemon.promotion.canary import Rate, Verdict, capability_failure_rate, judge, routed_outcomes, z_of
-from daemon.promotion.registry import Registry
+from daemon.store.runs import RunStore
 from daemon.promotion.router_client import RouterError
 from daemon.core.settings import Settings
 from daemon.store.store import AnalysisStore, Store
@@ -91,7 +91,7 @@ class Promotion:
         self.settings = settings or Settings()
         # What the router's classifier reads about a capability: its description (default: its name).
         self.describe = describe or (lambda capability: capability)
-        self.registry = Registry(store)
+        self.registry = RunStore(store)
         # Decisions take turns: a rollback by hand must not land between the promote job reading
         # what the router serves and loading what the registry wants (it would load it again).
         self.turn = threading.RLock()
@@ -105,20 +105,13 @@ class Promotion:
         return found
 
     def audit(self, adapter_id: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
-        return self.store.query(
-            "SELECT * FROM audit_log WHERE ? IS NULL OR adapter_id = ? ORDER BY audit_id DESC LIMIT ?",
-            [adapter_id, adapter_id, limit],
-        )
+        return self.registry.audit(adapter_id, limit)
 
     def in_state(self, state: str) -> list[dict[str, Any]]:
         return self.registry.adapters(state=state, limit=1_000_000)[::-1]
 
     def _live_of(self, capability: str, other_than: int) -> dict[str, Any] | None:
-        rows = self.store.query(
-            "SELECT * FROM adapters WHERE capability = ? AND state = 'live' AND adapter_id <> ? ORDER BY version DESC LIMIT 1",
-            [capability, other_than],
-        )
-        return rows[0] if rows else None
+        return self.registry.live_adapter(capability, other_than)
 
     def routing(self, adapter: dict[str, Any]) -> dict[str, Any] | None:
         """For a canary or live adapter: its routed failure rate, what it is compared with, and the
@@ -150,24 +143,16 @@ class Promotion:
         set on the adapter row with it."""
         if to_state in NEEDS_REASON and not reason.strip():
             raise ValueError(f"a reason is required to move an adapter to {to_state}")
-        with self.store.transaction() as tx:
-            rows = tx.execute("SELECT state, capability FROM adapters WHERE adapter_id = ?", [adapter_id]).fetchall()
-            if not rows:
-                raise NotFound(f"no adapter {adapter_id}")
-            from_state, capability = rows[0]
+
+        def legal(from_state: str) -> None:
             if to_state not in TRANSITIONS.get(from_state, frozenset()):
-                legal = ", ".join(sorted(TRANSITIONS.get(from_state, frozenset()))) or "none (final state)"
-                raise IllegalTransition(f"adapter {adapter_id} is {from_state}; it cannot become {to_state} (legal: {legal})")
-            assignments = "".join(f", {column} = ?" for column in columns)
-            tx.execute(
-                f"UPDATE adapters SET state = ?, state_reason = ?, last_error = NULL, updated_at = now(){assignments} WHERE adapter_id = ?",
-                [to_state, reason, *columns.values(), adapter_id],
-            )
-            tx.execute(
-                "INSERT INTO audit_log (decided_at, actor, action, adapter_id, capability, from_state, to_state, reason) "
-                "VALUES (now(), ?, ?, ?, ?, ?, ?, ?)",
-                [actor, action or to_state, adapter_id, capability, from_state, to_state, reason],
-            )
+                allowed = ", ".join(sorted(TRANSITIONS.get(from_state, frozenset()))) or "none (final state)"
+                raise IllegalTransition(f"adapter {adapter_id} is {from_state}; it cannot become {to_state} (legal: {allowed})")
+
+        moved = self.registry.transition(adapter_id, to_state, reason, actor, action or to_state, legal, columns)
+        if moved is None:
+            raise NotFound(f"no adapter {adapter_id}")
+        from_state, capability = moved
         log.info("adapter %d (%s): %s -> %s by %s: %s", adapter_id, capability, from_state, to_state, actor, reason)
         return Decision(adapter_id, from_state, to_state, actor, reason)
 
@@ -185,8 +170,7 @@ class Promotion:
             return decision
 
     def record_error(self, adapter_id: int, error: str) -> None:
-        with self.store.transaction() as tx:
-            tx.execute("UPDATE adapters SET last_error = ?, updated_at = now() WHERE adapter_id = ?", [error, adapter_id])
+        self.registry.record_error(adapter_id, error)
 
     # -- going live ----------------------------------------------------------------------------
 
@@ -203,7 +187,7 @@ class Promotion:
 
     def registry_has_served(self) -> bool:
         """Whether any version was ever handed to the router (so the router may hold adapters)."""
-        return bool(self.store.query("SELECT 1 FROM adapters WHERE state IN ('canary', 'live', 'retired', 'rolled_back') LIMIT 1"))
+        return self.registry.has_served()
 
     def promote_pass(self, router: RouterClient) -> list[Decision]:
         """Load each approved adapter into the router (as a canary, or straight to all of its
@@ -329,10 +313,8 @@ class Promotion:
             if adapter["state"] == "canary":  # the previous version never stopped serving
                 router.unload(served_name(adapter))
                 return [self.move(adapter_id, "rolled_back", actor, reason, "rollback")]
-            previous = self.store.query(
-                "SELECT * FROM adapters WHERE capability = ? AND state = 'retired' AND version < ? ORDER BY version DESC LIMIT 1",
-                [adapter["capability"], adapter["version"]],
-            )
+            restored = self.registry.retired_before(adapter["capability"], adapter["version"])
+            previous = [restored] if restored else []
             if previous:
                 router.load(served_name(previous[0]), previous[0]["capability"], previous[0]["version"], previous[0]["path"], self.describe(previous[0]["capability"]))
             router.unload(served_name(adapter))

@@ -11,40 +11,11 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.promotion.canary import ROUTER_SERVICE
+from daemon.store.served import served_rows
 from daemon.store.store import Store
 
-_EXPERT = """json_extract_string(attributes, '$."tracefix.router.adapter"')"""
-_INPUT = """coalesce(TRY_CAST(json_extract_string(attributes, '$."gen_ai.usage.input_tokens"') AS BIGINT), 0)"""
-_OUTPUT = """coalesce(TRY_CAST(json_extract_string(attributes, '$."gen_ai.usage.output_tokens"') AS BIGINT), 0)"""
-SHARE_PREFIX = "tracefix.router.share."
-
-
 def served(store: Store, window_s: float) -> dict[str, Any]:
-    since = int((time.time() - window_s) * 1e9)
-    experts = store.query(
-        f"SELECT {_EXPERT} AS expert, count(*) AS requests, sum({_INPUT}) AS prompt_tokens, sum({_OUTPUT}) AS completion_tokens "
-        "FROM spans WHERE service_name = ? AND start_time_unix_nano >= ? GROUP BY expert ORDER BY requests DESC",
-        [ROUTER_SERVICE, since],
-    )
-    series = store.query(
-        f"SELECT time_bucket(INTERVAL 1 MINUTE, make_timestamp(CAST(start_time_unix_nano // 1000 AS BIGINT))) AS minute, "
-        f"{_EXPERT} AS expert, count(*) AS requests, sum({_INPUT} + {_OUTPUT}) AS tokens "
-        "FROM spans WHERE service_name = ? AND start_time_unix_nano >= ? GROUP BY minute, expert ORDER BY minute, expert",
-        [ROUTER_SERVICE, since],
-    )
-    shares = store.query(
-        f"""
-        WITH gated AS (
-            SELECT attributes, {_OUTPUT} AS tokens FROM spans
-            WHERE service_name = ? AND start_time_unix_nano >= ? AND {_EXPERT} = 'gate'
-        ), keyed AS (SELECT unnest(json_keys(attributes)) AS key, attributes, tokens FROM gated)
-        SELECT substr(key, {len(SHARE_PREFIX) + 1}) AS expert,
-               sum(TRY_CAST(json_extract_string(attributes, '$."' || key || '"') AS DOUBLE) * tokens) / nullif(sum(tokens), 0) AS share
-        FROM keyed WHERE starts_with(key, ?) GROUP BY expert ORDER BY expert
-        """,
-        [ROUTER_SERVICE, since, SHARE_PREFIX],
-    )
+    experts, series, shares = served_rows(store, int((time.time() - window_s) * 1e9))
     return {
         "window_s": window_s,
         "experts": [{**row, "prompt_tokens": int(row["prompt_tokens"] or 0), "completion_tokens": int(row["completion_tokens"] or 0)} for row in experts],

@@ -8,6 +8,7 @@ versions are immutable once written.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,9 @@ def _decoded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-class Registry:
+class RunStore:
+    """Training runs, their environments and the adapters they produce: every statement on those tables."""
+
     def __init__(self, store: Store) -> None:
         self.store = store
 
@@ -156,22 +159,64 @@ class Registry:
             )
         )
 
+    # -- promotion: adapter states and their audit log --------------------------------------------
 
-def read_progress(directory: str) -> list[dict[str, Any]]:
-    """A run's step records (``progress.jsonl``, appended by the training subprocess); a line being
-    written right now is skipped."""
-    path = Path(directory) / "progress.jsonl"
-    records = []
-    try:
-        lines = path.read_bytes().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            records.append(orjson.loads(line))
-        except orjson.JSONDecodeError:
-            continue
-    return records
+    def audit(self, adapter_id: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
+        return self.store.query(
+            "SELECT * FROM audit_log WHERE ? IS NULL OR adapter_id = ? ORDER BY audit_id DESC LIMIT ?",
+            [adapter_id, adapter_id, limit],
+        )
+
+    def live_adapter(self, capability: str, other_than: int) -> dict[str, Any] | None:
+        """The capability's newest live version other than `other_than`."""
+        rows = self.store.query(
+            "SELECT * FROM adapters WHERE capability = ? AND state = 'live' AND adapter_id <> ? ORDER BY version DESC LIMIT 1",
+            [capability, other_than],
+        )
+        return rows[0] if rows else None
+
+    def retired_before(self, capability: str, version: int) -> dict[str, Any] | None:
+        """The newest retired version of the capability older than `version` (what a rollback restores)."""
+        rows = self.store.query(
+            "SELECT * FROM adapters WHERE capability = ? AND state = 'retired' AND version < ? ORDER BY version DESC LIMIT 1",
+            [capability, version],
+        )
+        return rows[0] if rows else None
+
+    def has_served(self) -> bool:
+        """Whether any version was ever handed to the router."""
+        return bool(self.store.query("SELECT 1 FROM adapters WHERE state IN ('canary', 'live', 'retired', 'rolled_back') LIMIT 1"))
+
+    def transition(
+        self, adapter_id: int, to_state: str, reason: str, actor: str, action: str,
+        check: Callable[[str], None], columns: dict[str, Any],
+    ) -> tuple[str, str] | None:
+        """Move an adapter to `to_state` and record it in the audit log, in one transaction.
+
+        `check(from_state)` raises when the move is illegal (the lifecycle's rules); `columns` are set
+        on the adapter row with it. Returns (from_state, capability), or None when there is no such adapter.
+        """
+        with self.store.transaction() as tx:
+            rows = tx.execute("SELECT state, capability FROM adapters WHERE adapter_id = ?", [adapter_id]).fetchall()
+            if not rows:
+                return None
+            from_state, capability = rows[0]
+            check(from_state)
+            assignments = "".join(f", {column} = ?" for column in columns)
+            tx.execute(
+                f"UPDATE adapters SET state = ?, state_reason = ?, last_error = NULL, updated_at = now(){assignments} WHERE adapter_id = ?",
+                [to_state, reason, *columns.values(), adapter_id],
+            )
+            tx.execute(
+                "INSERT INTO audit_log (decided_at, actor, action, adapter_id, capability, from_state, to_state, reason) "
+                "VALUES (now(), ?, ?, ?, ?, ?, ?, ?)",
+                [actor, action, adapter_id, capability, from_state, to_state, reason],
+            )
+        return from_state, capability
+
+    def record_error(self, adapter_id: int, error: str) -> None:
+        with self.store.transaction() as tx:
+            tx.execute("UPDATE adapters SET last_error = ?, updated_at = now() WHERE adapter_id = ?", [error, adapter_id])
 
 
 def _too_weak(validation: Any) -> bool:
