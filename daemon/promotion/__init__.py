@@ -1,1 +1,1 @@
-"""Runs and adapters, their promotion lifecycle, canaries, served-traffic statistics, the router admin client."""
+"""The promotion lifecycle of adapters, canaries and the live watch, served-traffic statistics, the router admin client."""
