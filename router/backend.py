@@ -225,7 +225,7 @@ class EmbeddedBackend:
     @classmethod
     def from_settings(cls, settings: Settings) -> EmbeddedBackend:
         """The backend for a tracefix configuration: its [model] and [router] sections."""
-        cache_dir = settings.model.cache_dir or Path(settings.store.path).parent / "models"
+        cache_dir = settings.model_cache_dir
         router = settings.router
         return cls(
             settings.model.name, cache_dir, router.max_batch, router.max_context_tokens, settings.model.threads, router.prefix_cache_mib

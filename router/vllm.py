@@ -99,7 +99,7 @@ class VllmBackend:
     @classmethod
     def from_settings(cls, settings: Settings) -> VllmBackend:
         """The backend for a tracefix configuration: [router] vllm_url, and [model] for the tokenizer."""
-        cache_dir = settings.model.cache_dir or Path(settings.store.path).parent / "models"
+        cache_dir = settings.model_cache_dir
         router = settings.router
         return cls(router.vllm_url, settings.model.name, cache_dir, router.max_batch, router.max_context_tokens)
 

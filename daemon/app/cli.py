@@ -567,7 +567,7 @@ def envs_validate(
     environment = _environment(capability, _tools(config_path, tools_file, service), difficulty)
     model = settings.model.model_dump()
     model["name"] = model_name or model["name"]
-    model["cache_dir"] = settings.model.cache_dir or settings.store.path.parent / "models"
+    model["cache_dir"] = settings.model_cache_dir
     gate = settings.validation.model_dump()
     gate["seeds"] = seeds or gate["seeds"]
     gate["group_size"] = group_size or gate["group_size"]
@@ -638,7 +638,7 @@ def train(
         request["evaluation"]["seeds"] = eval_seeds
     if model_name:
         request["model"]["name"] = model_name
-    run_dir = output or settings.store.path.parent / "runs" / f"cli-{capability}"
+    run_dir = output or settings.data_dir / "runs" / f"cli-{capability}"
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),

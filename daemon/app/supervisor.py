@@ -42,7 +42,7 @@ def loopback(host: str) -> str:
 
 
 def log_directory(settings: Settings) -> Path:
-    return Path(settings.store.path).parent / LOG_DIRECTORY
+    return settings.data_dir / LOG_DIRECTORY
 
 
 @dataclass(slots=True)

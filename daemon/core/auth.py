@@ -39,9 +39,9 @@ def stored_token(configured: str, path: Path, create: bool = False) -> str:
 
 def api_token(settings: Settings, create: bool = False) -> str:
     """The daemon API's token: from config, else from <store dir>/api.token (created by the daemon, mode 0600)."""
-    return stored_token(settings.api.token, Path(settings.store.path).parent / API_TOKEN_FILE, create)
+    return stored_token(settings.api.token, settings.data_dir / API_TOKEN_FILE, create)
 
 
 def router_token(settings: Settings, create: bool = False) -> str:
     """The router's admin token: from config, else from <store dir>/router.token (created by the router)."""
-    return stored_token(settings.router.token, Path(settings.store.path).parent / ROUTER_TOKEN_FILE, create)
+    return stored_token(settings.router.token, settings.data_dir / ROUTER_TOKEN_FILE, create)

@@ -470,6 +470,16 @@ class Settings(Section):
     gate: GateTrainingSettings = GateTrainingSettings()
     dashboard: DashboardSettings = DashboardSettings()
 
+    @property
+    def data_dir(self) -> Path:
+        """The store file's folder: tokens, logs, runs, validations and gates are kept beside it."""
+        return Path(self.store.path).parent
+
+    @property
+    def model_cache_dir(self) -> Path:
+        """Where converted models are cached: [model] cache_dir, else <data dir>/models."""
+        return Path(self.model.cache_dir) if self.model.cache_dir else self.data_dir / "models"
+
 
 class ConfigError(ValueError):
     """A configuration file or variable the user must fix."""

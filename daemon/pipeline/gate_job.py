@@ -33,7 +33,7 @@ class GateRunner:
         self.registry = registry
         self.settings = settings
         self.router = router
-        self.directory = Path(settings.store.path).parent / "gates"
+        self.directory = settings.data_dir / "gates"
         self.subprocess = ModelSubprocess()
         self._pass_lock = threading.Lock()
 
@@ -79,7 +79,7 @@ class GateRunner:
                 "name": served_name(adapter), "path": adapter["path"], "family": environment.get("family", adapter["capability"]),
                 "difficulty": environment.get("difficulty", 1), "tools": environment.get("tools") or [],
             })  # fmt: skip
-        cache_dir = model.cache_dir or Path(self.settings.store.path).parent / "models"
+        cache_dir = self.settings.model_cache_dir
         return {
             "model": {**model.model_dump(mode="json"), "cache_dir": str(cache_dir)},
             "adapters": adapters, "examples_per_adapter": gate.examples_per_adapter, "steps": gate.steps,

@@ -35,7 +35,7 @@ class TrainingRunner:
         self.store = store
         self.registry = registry
         self.settings = settings
-        self.directory = Path(settings.store.path).parent / "runs"
+        self.directory = settings.data_dir / "runs"
         self.subprocess = ModelSubprocess()
         self._pass_lock = threading.Lock()
 
@@ -165,7 +165,7 @@ def train_config(settings: Settings) -> dict[str, Any]:
 def job_settings(settings: Settings) -> dict[str, Any]:
     """The model, evaluation and memory parts of a training request."""
     model, training = settings.model, settings.training
-    cache_dir = model.cache_dir or Path(settings.store.path).parent / "models"
+    cache_dir = settings.model_cache_dir
     return {
         "model": {**model.model_dump(mode="json"), "cache_dir": str(cache_dir)},
         "evaluation": {"seeds": training.eval_seeds, "margin": training.eval_margin, "interference": training.eval_interference},

@@ -24,7 +24,7 @@ class Validator:
     def __init__(self, store: AnalysisStore, settings: Settings) -> None:
         self.store = store
         self.settings = settings
-        self.directory = Path(settings.store.path).parent / "validation"
+        self.directory = settings.data_dir / "validation"
         self.subprocess = ModelSubprocess()
         self._pass_lock = threading.Lock()
 
@@ -74,7 +74,7 @@ class Validator:
 
     def _request(self, environment: dict[str, Any]) -> dict[str, Any]:
         model = self.settings.model
-        cache_dir = model.cache_dir or Path(self.settings.store.path).parent / "models"
+        cache_dir = self.settings.model_cache_dir
         return {
             "environment_id": environment["environment_id"],
             "family": environment["family"],

@@ -3,7 +3,6 @@ serves. Errors are raised with the router's own message so promotion can show th
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -22,7 +21,7 @@ class RouterAdmin:
         router = settings.router
         host = "127.0.0.1" if router.host in ("0.0.0.0", "::") else router.host
         self.base_url = f"http://{host}:{router.port}"
-        self.token_path = Path(settings.store.path).parent / ROUTER_TOKEN_FILE
+        self.token_path = settings.data_dir / ROUTER_TOKEN_FILE
         self.configured = router.token
         self.timeout_s = timeout_s
 
