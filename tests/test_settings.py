@@ -132,7 +132,7 @@ def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_gpu_settings_reach_the_training_config_from_the_file_and_the_environment(tmp_path: Path) -> None:
-    from daemon.pipeline.training_job import train_config
+    from daemon.pipeline.training_runner import train_config
     from trainer.grpo import TrainConfig
 
     path = tmp_path / "gpu.toml"

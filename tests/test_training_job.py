@@ -19,7 +19,7 @@ pytest.importorskip("trl")
 from daemon.store.runs import RunStore  # noqa: E402
 from daemon.core.settings import ModelSettings, Settings, StoreSettings, TrainingSettings  # noqa: E402
 from daemon.store.store import AnalysisStore, Store  # noqa: E402
-from daemon.pipeline.training_job import TrainingRunner  # noqa: E402
+from daemon.pipeline.training_runner import TrainingRunner  # noqa: E402
 from examples.traffic import generate, send  # noqa: E402
 from tests.conftest import REPO, make_daemon  # noqa: E402
 from trainer.adapters import base_model_hash, verify_adapter  # noqa: E402

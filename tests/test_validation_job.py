@@ -24,7 +24,7 @@ pytest.importorskip("transformers")
 
 from daemon.core.settings import CapabilitySettings, GateSettings, ModelSettings, Settings, StoreSettings  # noqa: E402
 from daemon.store.store import AnalysisStore, Store  # noqa: E402
-from daemon.pipeline.validation_job import Validator  # noqa: E402
+from daemon.pipeline.validator import Validator  # noqa: E402
 from examples.traffic import generate, send  # noqa: E402
 from tests.conftest import REPO, make_daemon  # noqa: E402
 from trainer.environment import Environment, load_tools  # noqa: E402

@@ -619,7 +619,7 @@ def train(
 ) -> None:  # fmt: skip
     """Train, evaluate and save one adapter in the foreground (the daemon does the same on its own for
     every gap it detects). Re-running with the same --output resumes from its checkpoints."""
-    from daemon.pipeline.training_job import job_settings, train_config
+    from daemon.pipeline.training_runner import job_settings, train_config
     from trainer.model import ModelUnavailable
     from trainer.train_job import run_training
 

@@ -30,9 +30,9 @@ from daemon.analysis.trigger import HEALTHY, Trigger
 from daemon.promotion.lifecycle import Promotion
 from daemon.store.runs import RunStore
 from daemon.promotion.router_client import RouterAdmin
-from daemon.pipeline.training_job import TrainingRunner
-from daemon.pipeline.gate_job import GateRunner
-from daemon.pipeline.validation_job import Validator
+from daemon.pipeline.training_runner import TrainingRunner
+from daemon.pipeline.gate_runner import GateRunner
+from daemon.pipeline.validator import Validator
 from daemon.store.writer import BatchedWriter
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from typing import Any
 
 from daemon.core.settings import Settings
 from daemon.store.store import AnalysisStore
-from daemon.pipeline.subprocess_job import ModelSubprocess, Stopped, TimedOut, error_tail
+from daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut, error_tail
 
 log = logging.getLogger(__name__)
 

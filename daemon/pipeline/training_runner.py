@@ -21,7 +21,7 @@ from typing import Any
 from daemon.store.runs import RunStore
 from daemon.core.settings import Settings
 from daemon.store.store import AnalysisStore
-from daemon.pipeline.subprocess_job import ModelSubprocess, Stopped, TimedOut, error_tail
+from daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut, error_tail
 from daemon.analysis.trigger import start_cooldown
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from daemon.promotion.lifecycle import Promotion, served_name
 from daemon.store.runs import RunStore
 from daemon.promotion.router_client import RouterAdmin, RouterError
 from daemon.core.settings import Settings
-from daemon.pipeline.subprocess_job import ModelSubprocess, Stopped, TimedOut, error_tail
+from daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut, error_tail
 from trainer.jobs import write_atomically
 
 log = logging.getLogger(__name__)
