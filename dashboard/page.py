@@ -10,8 +10,10 @@ from typing import Any
 
 import streamlit as st
 
+from daemon.app.client import ApiError, DaemonClient
+from daemon.core.auth import api_token
 from daemon.core.settings import ConfigError, Settings
-from dashboard.connection import ApiProblem, DaemonApi, api_token, api_url, load
+from dashboard.connection import START_ADVICE, api_url, load
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,13 +21,13 @@ class PageContext:
     """The settings the daemon runs with and a client of its API."""
 
     settings: Settings
-    api: DaemonApi
+    api: DaemonClient
 
 
 @st.cache_resource(show_spinner=False)
-def _client(base_url: str, token: str, timeout_s: float) -> DaemonApi:
+def _client(base_url: str, token: str, timeout_s: float) -> DaemonClient:
     # One HTTP connection pool per address and token, shared by every rerun and browser tab.
-    return DaemonApi(base_url, token, timeout_s)
+    return DaemonClient(timeout_s=timeout_s, base_url=base_url, token=token, advice=START_ADVICE)
 
 
 def connect() -> PageContext:
@@ -49,8 +51,8 @@ def show(render: Callable[[PageContext], None]) -> None:
     def body() -> None:
         try:
             render(context)
-        except ApiProblem as problem:
-            st.error(str(problem), icon=":material/cloud_off:")
+        except ApiError as error:
+            st.error(str(error), icon=":material/cloud_off:")
 
     body()
 

@@ -10,15 +10,15 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from daemon.app.client import ApiError, DaemonClient
 from dashboard import charts
-from dashboard.connection import ApiProblem, DaemonApi
 from dashboard.page import PageContext, interval, rate, show
 
 DECISION = "adapter_decision"
 NEEDS_REASON = {"reject", "rollback"}
 
 
-def decide(api: DaemonApi, adapter_id: int, action: str, reason_key: str) -> None:
+def decide(api: DaemonClient, adapter_id: int, action: str, reason_key: str) -> None:
     """Button callback (runs before the page reruns, so the page shows the new state): POST the
     decision and keep its outcome for the page to show."""
     reason = str(st.session_state.get(reason_key) or "").strip()
@@ -27,8 +27,8 @@ def decide(api: DaemonApi, adapter_id: int, action: str, reason_key: str) -> Non
         return
     try:
         answer = api.post(f"/api/adapters/{adapter_id}/{action}", {"reason": reason})
-    except ApiProblem as problem:
-        st.session_state[DECISION] = ("error", str(problem))
+    except ApiError as error:
+        st.session_state[DECISION] = ("error", str(error))
         return
     moves = "; ".join(f"adapter {move['adapter_id']} {move['from_state']} → {move['to_state']}" for move in answer["decisions"])
     st.session_state[DECISION] = ("success", f"{action}: {moves} (by {answer['decisions'][0]['actor']})")
@@ -119,7 +119,7 @@ def render_routed(routing: Mapping[str, Any] | None) -> None:
         st.caption(verdict["reason"])
 
 
-def render_adapter(api: DaemonApi, adapter: Mapping[str, Any], actions: tuple[str, ...]) -> None:
+def render_adapter(api: DaemonClient, adapter: Mapping[str, Any], actions: tuple[str, ...]) -> None:
     """One adapter with its report and the decisions its state allows."""
     adapter_id = adapter["adapter_id"]
     name = f"{adapter['capability']}@v{adapter['version']}"
