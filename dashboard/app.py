@@ -18,7 +18,7 @@ if _REPOSITORY not in sys.path:
 import streamlit as st  # noqa: E402
 
 from daemon.core.settings import ConfigError  # noqa: E402
-from dashboard.connection import ApiProblem  # noqa: E402
+from daemon.app.client import ApiError  # noqa: E402
 from dashboard.page import PageContext, connect  # noqa: E402
 
 st.set_page_config(page_title="tracefix", page_icon=":material/healing:", layout="wide")
@@ -36,7 +36,7 @@ def daemon_summary(context: PageContext) -> None:
     """Health of the daemon and what the dashboard is connected to, in the sidebar."""
     try:
         status = context.api.get("/api/status")
-    except ApiProblem as problem:
+    except ApiError as problem:
         st.error(str(problem), icon=":material/cloud_off:")
         return
     if status["healthy"]:

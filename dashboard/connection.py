@@ -10,7 +10,6 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from daemon.app.client import ApiError as ApiProblem  # noqa: F401  (the name dashboard/app.py catches)
 from daemon.app.client import daemon_url
 from daemon.core.settings import Settings, load_settings
 
