@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from daemon.core.settings import CapabilitySettings, GateSettings, ModelSettings, Settings, StoreSettings  # noqa: E402
+from daemon.core.settings import CapabilitySettings, ModelSettings, Settings, StoreSettings, ValidationSettings  # noqa: E402
 from daemon.store.store import AnalysisStore, Store  # noqa: E402
 from daemon.pipeline.validator import Validator  # noqa: E402
 from examples.traffic import generate, send  # noqa: E402
@@ -53,7 +53,7 @@ def _settings(store: Store, tiny_model: Path, **gate: object) -> Settings:
     return Settings(
         store=StoreSettings(path=store.path),
         model=ModelSettings(name=str(tiny_model), max_new_tokens=8, threads=1),
-        validation=GateSettings(**{**TINY_GATE, **gate}),
+        validation=ValidationSettings(**{**TINY_GATE, **gate}),
     )
 
 
@@ -177,7 +177,7 @@ REQUEST = {
     "difficulty": 1,
     "tools": DEFINITIONS,
     "model": {"name": "model", "cache_dir": "cache", "max_new_tokens": 8, "threads": 1},
-    "gate": GateSettings(**TINY_GATE).model_dump(mode="json"),
+    "gate": ValidationSettings(**TINY_GATE).model_dump(mode="json"),
 }
 
 

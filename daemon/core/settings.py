@@ -247,7 +247,7 @@ class ModelSettings(Section):
     threads: int = Field(0, ge=0, description="Torch CPU threads in model subprocesses; 0 = all cores.")
 
 
-class GateSettings(Section):
+class ValidationSettings(Section):
     """The paper's gate: the base model's rewards on an environment must be able to teach."""
 
     enabled: bool = Field(True, description="Validate each checked environment against the base model before training.")
@@ -463,7 +463,7 @@ class Settings(Section):
     llm: LLMSettings = LLMSettings()
     api: ApiSettings = ApiSettings()
     model: ModelSettings = ModelSettings()
-    validation: GateSettings = GateSettings()
+    validation: ValidationSettings = ValidationSettings()
     training: TrainingSettings = TrainingSettings()
     router: RouterSettings = RouterSettings()
     promotion: PromotionSettings = PromotionSettings()
