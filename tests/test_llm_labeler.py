@@ -40,24 +40,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from daemon.analysis import llm_labeler
+from daemon.analysis import llm_client
 from daemon.analysis.capabilities import Judgement, Label, ToolCall, ToolSpec, Trajectory, Turn
-from daemon.analysis.llm_labeler import (
-    DISCOVERY_SCHEMA,
-    LABEL_SCHEMA,
-    ChatClient,
-    CustomCapability,
-    LLMLabeler,
-    LLMOutputError,
-    LLMSettings,
-    LLMUnavailable,
-    discover_capabilities,
-    llm_capabilities,
-    render_transcript,
-    snake_case,
-    strip_fences,
-)
-from daemon.core.settings import ConfigError
+from daemon.analysis.discovery import DISCOVERY_SCHEMA, discover_capabilities, snake_case
+from daemon.analysis.llm_client import ChatClient, LLMOutputError, LLMUnavailable, strip_fences
+from daemon.analysis.llm_labeler import LABEL_SCHEMA, LLMLabeler, llm_capabilities
+from daemon.analysis.transcript import render_transcript
+from daemon.core.settings import ConfigError, CustomCapability, LLMSettings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llm"
 
@@ -162,7 +151,7 @@ def server(_server: FixtureServer) -> FixtureServer:
 
 @pytest.fixture(autouse=True)
 def _no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(llm_labeler, "RETRY_BACKOFF_S", 0.0)
+    monkeypatch.setattr(llm_client, "RETRY_BACKOFF_S", 0.0)
 
 
 def settings_for(server: FixtureServer, **overrides: Any) -> LLMSettings:

@@ -77,7 +77,8 @@ def relabel(caller: Caller, daemon: CurrentDaemon, body: Relabel | None = None) 
 @router.post("/api/capabilities/discover")
 def discover(caller: Caller, daemon: CurrentDaemon, body: Discover | None = None) -> dict[str, Any]:
     """Ask the [llm] endpoint for capabilities whose absence explains failures (the paper's discovery step)."""
-    from daemon.analysis.llm_labeler import ChatClient, LLMOutputError, LLMUnavailable, discover_capabilities
+    from daemon.analysis.discovery import discover_capabilities
+    from daemon.analysis.llm_client import ChatClient, LLMOutputError, LLMUnavailable
 
     body = body or Discover()
     store = daemon.analysis_store
