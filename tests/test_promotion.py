@@ -11,7 +11,7 @@ import pytest
 from daemon.promotion.lifecycle import IllegalTransition, NotFound, Promotion
 from daemon.core.settings import StoreSettings
 from daemon.store.store import AnalysisStore, Store
-from daemon.analysis.trigger import COOLDOWN
+from daemon.store.store import COOLDOWN
 from tests.lora_support import register_candidate
 
 

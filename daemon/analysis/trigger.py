@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 import orjson
@@ -18,11 +18,10 @@ import orjson
 from daemon.core import metrics
 from daemon.analysis.capabilities import CapabilityRegistry
 from daemon.core.settings import AnalysisSettings, TriggerSettings
-from daemon.store.store import AnalysisStore, Store
+from daemon.store.store import COOLDOWN, GAP_DETECTED, HEALTHY, WATCHING, AnalysisStore, Store
 
 log = logging.getLogger(__name__)
 
-HEALTHY, WATCHING, GAP_DETECTED, COOLDOWN = "healthy", "watching", "gap_detected", "cooldown"
 # States owned by later stages; the trigger leaves a capability in them alone.
 PIPELINE_STATES = frozenset({GAP_DETECTED, "environment", "training", "evaluating", "candidate", "live"})
 STATES = (HEALTHY, WATCHING, GAP_DETECTED, "environment", "training", "evaluating", "candidate", "live", COOLDOWN)
@@ -126,10 +125,3 @@ class Trigger:
             reason = f"gap without enough evidence (need {self.analysis.min_failures} failed runs): {_summary(stats)}"
             return move(WATCHING, reason, 0)
         return move(HEALTHY, f"no gap: {_summary(stats)}", 0)
-
-
-def start_cooldown(store: AnalysisStore, capability: str, reason: str, hours: float, now: datetime | None = None) -> None:
-    """Rest a capability after a promotion or a rejection: no new trigger for `hours`."""
-    now = now or datetime.now(timezone.utc)
-    state = store.states().get(capability, {"state": HEALTHY, "last_pass_id": 0})
-    store.transition(capability, state["state"], COOLDOWN, reason, 0, state["last_pass_id"], None, now + timedelta(hours=hours))

@@ -24,9 +24,9 @@ from daemon.app.api import create_api
 from daemon.analysis.capabilities import load_registry
 from daemon.core.settings import Settings
 from daemon.core.sockets import bind
-from daemon.store.store import AnalysisStore, Store
+from daemon.store.store import HEALTHY, AnalysisStore, Store
 from daemon.pipeline.synthesis import Synthesizer
-from daemon.analysis.trigger import HEALTHY, Trigger
+from daemon.analysis.trigger import Trigger
 from daemon.promotion.lifecycle import Promotion
 from daemon.store.runs import RunStore
 from daemon.promotion.router_client import RouterAdmin

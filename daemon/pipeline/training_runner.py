@@ -22,7 +22,6 @@ from daemon.store.runs import RunStore
 from daemon.core.settings import Settings
 from daemon.store.store import AnalysisStore
 from daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut, error_tail
-from daemon.analysis.trigger import start_cooldown
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +137,7 @@ class TrainingRunner:
         else:
             self.registry.set_run_status(run_id, "running", "rejected_by_eval", result)
             reason = f"run {run_id} rejected by evaluation: {'; '.join(evaluation['reasons'])}"
-            start_cooldown(self.store, run["capability"], reason, self.settings.trigger.cooldown_hours)
+            self.store.start_cooldown(run["capability"], reason, self.settings.trigger.cooldown_hours)
         log.info("training run %d: %s (%s)", run_id, result["verdict"], _gain(evaluation))
         return run_id
 

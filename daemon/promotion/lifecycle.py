@@ -34,7 +34,6 @@ from daemon.store.runs import RunStore
 from daemon.promotion.router_client import RouterError
 from daemon.core.settings import Settings
 from daemon.store.store import AnalysisStore, Store
-from daemon.analysis.trigger import start_cooldown
 
 log = logging.getLogger(__name__)
 
@@ -166,7 +165,7 @@ class Promotion:
             decision = self.move(adapter_id, "rejected", actor, reason, "reject")
             adapter = self.adapter(adapter_id)
             cool = f"{served_name(adapter)} rejected by {actor}: {reason}"
-            start_cooldown(AnalysisStore(self.store), adapter["capability"], cool, self.settings.trigger.cooldown_hours)
+            AnalysisStore(self.store).start_cooldown(adapter["capability"], cool, self.settings.trigger.cooldown_hours)
             return decision
 
     def record_error(self, adapter_id: int, error: str) -> None:
@@ -262,7 +261,7 @@ class Promotion:
                 routed_since_ns=time.time_ns(), baseline=orjson.dumps({"failures": baseline.failures, "total": baseline.total}).decode(),
             )  # fmt: skip
         )
-        start_cooldown(AnalysisStore(self.store), adapter["capability"], f"{name} went live", self.settings.trigger.cooldown_hours)
+        AnalysisStore(self.store).start_cooldown(adapter["capability"], f"{name} went live", self.settings.trigger.cooldown_hours)
         return decisions
 
     def _rolled_back(self, adapter: dict[str, Any], stage: str, verdict: Verdict) -> list[Decision]:
@@ -272,10 +271,8 @@ class Promotion:
 
     def _after_rollback(self, adapter: dict[str, Any], stage: str, verdict: Verdict) -> None:
         metrics.ADAPTER_ROLLBACKS.labels(adapter["capability"], stage).inc()
-        start_cooldown(
-            AnalysisStore(self.store), adapter["capability"], f"{served_name(adapter)} rolled back: {verdict.reason}",
-            self.settings.trigger.cooldown_hours,
-        )  # fmt: skip
+        reason = f"{served_name(adapter)} rolled back: {verdict.reason}"
+        AnalysisStore(self.store).start_cooldown(adapter["capability"], reason, self.settings.trigger.cooldown_hours)
         log.warning("%s rolled back automatically (%s): %s", served_name(adapter), stage, verdict.reason)
 
     def _control_name(self, adapter: dict[str, Any]) -> str:
@@ -309,7 +306,7 @@ class Promotion:
                 raise ValueError("a reason is required to roll back an adapter")
             if not watched:
                 cool = f"{served_name(adapter)} rolled back by {actor}: {reason}"
-                start_cooldown(AnalysisStore(self.store), adapter["capability"], cool, self.settings.trigger.cooldown_hours)
+                AnalysisStore(self.store).start_cooldown(adapter["capability"], cool, self.settings.trigger.cooldown_hours)
             if adapter["state"] == "canary":  # the previous version never stopped serving
                 router.unload(served_name(adapter))
                 return [self.move(adapter_id, "rolled_back", actor, reason, "rollback")]

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,9 @@ import pyarrow as pa
 from daemon.store.migrations import MIGRATIONS, Migration
 from daemon.core.semconv import EVALUATION_EVENT
 from daemon.core.settings import StoreSettings
+
+# The trigger's states of a capability, as capability_states stores them.
+HEALTHY, WATCHING, GAP_DETECTED, COOLDOWN = "healthy", "watching", "gap_detected", "cooldown"
 
 log = logging.getLogger(__name__)
 
@@ -768,6 +772,12 @@ class AnalysisStore:
                     [capability, from_state, to_state, reason, stats],
                 )
         return True
+
+    def start_cooldown(self, capability: str, reason: str, hours: float, now: datetime | None = None) -> None:
+        """Rest a capability after a promotion, a rejection or a rollback: no new trigger for `hours`."""
+        now = now or datetime.now(timezone.utc)
+        state = self.states().get(capability, {"state": HEALTHY, "last_pass_id": 0})
+        self.transition(capability, state["state"], COOLDOWN, reason, 0, state["last_pass_id"], None, now + timedelta(hours=hours))
 
     def transitions(self, capability: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         return self.store.query(
