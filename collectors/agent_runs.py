@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from daemon.core.semconv import EVALUATION_EVENT
+from daemon.core.semconv import EVALUATION_EVENT, decoded
 
 FORMATS = ("tau-bench", "tau2-bench")
 # Spacing of the made-up clock: benchmark files carry no timestamps, only the order of messages.
@@ -141,21 +141,11 @@ def _attributes(attributes: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"key": key, "value": _value(value)} for key, value in attributes.items() if value is not None]
 
 
-def _arguments(value: Any) -> Any:
-    """Tool-call arguments as the structured value the conventions record (JSON text is parsed)."""
-    if isinstance(value, str):
-        try:
-            return orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return value
-    return value
-
-
 def _calls(message: dict[str, Any]) -> list[dict[str, Any]]:
     calls = []
     for call in message.get("tool_calls") or []:
         function = call.get("function") if isinstance(call.get("function"), dict) else call
-        calls.append({"id": call.get("id"), "name": function.get("name"), "arguments": _arguments(function.get("arguments"))})
+        calls.append({"id": call.get("id"), "name": function.get("name"), "arguments": decoded(function.get("arguments"))})
     return calls
 
 

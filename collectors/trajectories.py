@@ -18,25 +18,16 @@ import orjson
 
 from collectors.dialects import Message, SpanView, ToolExecution, interpret
 from daemon.core import metrics
-from daemon.core.semconv import EVALUATION_EVENT, event_attributes
+from daemon.core.semconv import EVALUATION_EVENT, decoded, event_attributes
 from daemon.core.settings import AssemblerSettings, OutcomeSettings
 from daemon.store.store import DerivedRows, Store
 
 log = logging.getLogger(__name__)
 
 
-def _json(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return value
-    return value
-
-
 def _arguments_key(arguments: str | None) -> str:
     """Arguments compared by meaning, not by formatting."""
-    parsed = _json(arguments)
+    parsed = decoded(arguments)
     if isinstance(parsed, (dict, list)):
         return orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode()
     return str(parsed)
@@ -284,8 +275,8 @@ class Assembler:
         views: list[tuple[dict[str, Any], SpanView, dict[str, Any], list[dict[str, Any]]]] = []
         seen_definitions: set[str] = set()
         for span in spans:
-            attributes = _json(span["attributes"]) or {}
-            events = _json(span["events"]) or []
+            attributes = decoded(span["attributes"]) or {}
+            events = decoded(span["events"]) or []
             view = interpret(
                 span["name"], _without_inputs(attributes, seen_definitions), events,
                 span["status_code"], span["status_message"] or "",
@@ -468,7 +459,7 @@ class Assembler:
         for record in logs:
             if record["event_name"] != EVALUATION_EVENT:
                 continue
-            decided = self.rules.evaluation(event_attributes(_json(record["attributes"]), _json(record["body"])))
+            decided = self.rules.evaluation(event_attributes(decoded(record["attributes"]), decoded(record["body"])))
             if decided:
                 outcome, reward, detail = decided
                 outcomes.append(

@@ -431,9 +431,8 @@ class StructuredDataReasoning:
 
     def label(self, trajectory: Trajectory) -> Judgement:
         record_numbers: list[float] = []
-        by_key: dict[str, float] = {}
-        totals: list[float] = []  # per key: over all results, and within each result (one record's prices)
-        per_record: dict[str, list[float]] = defaultdict(list)  # per key: each result's total, for totals of several
+        by_key: dict[str, float] = {}  # per key, over all results
+        per_record: dict[str, list[float]] = defaultdict(list)  # per key, each result's total (one record's prices)
         results_at: dict[int, list[str]] = defaultdict(list)  # message position -> tool results read there
         for call in trajectory.tool_calls:
             results_at[_turn_of(trajectory, call)].append(call.result or "")
@@ -444,13 +443,12 @@ class StructuredDataReasoning:
                     record_numbers.append(float(value))
                     by_key[key] = by_key.get(key, 0.0) + float(value)
                     within[key] = within.get(key, 0.0) + float(value)
-            totals.extend(within.values())
             for key, total in within.items():
                 per_record[key].append(total)
             record_numbers.extend(_numbers_in(call.result or "") if result is None or isinstance(result, (str, int, float)) else [])
         if not record_numbers:
             return Judgement(Label.NA, "no tool returned numeric records")
-        totals.extend(_subset_sums(per_record))
+        totals: list[float] = []  # built at the first stated number: a run that states none never needs them
         from_records: _Derivable | None = None  # the records alone: most stated numbers need no more
         context: list[str] = []  # what the agent had read or been told before each turn, as text
         with_context: tuple[int, _Derivable] | None = None
@@ -470,14 +468,16 @@ class StructuredDataReasoning:
                     continue
                 stated += 1
                 if from_records is None:
-                    from_records = _Derivable(record_numbers, [*by_key.values(), *totals])
+                    within_records = [total for record_totals in per_record.values() for total in record_totals]
+                    totals = [*by_key.values(), *within_records, *_subset_sums(per_record)]
+                    from_records = _Derivable(record_numbers, totals)
                 if from_records(value):
                     continue
                 if with_context is None or with_context[0] != len(context):
                     known = [number for said in context for number in _numbers_in(said)]
                     # The digits of ids (gift_card_5094406 said as "gift card 5094406") name a record, they are no claim.
                     quoted = [float(digits) for call in trajectory.tool_calls for digits in _ID_DIGITS.findall(call.result or "")]
-                    with_context = (len(context), _Derivable([*record_numbers, *known], [*by_key.values(), *totals], quoted))
+                    with_context = (len(context), _Derivable([*record_numbers, *known], totals, quoted))
                 if not with_context[1](value):
                     return Judgement(
                         Label.LACKING, f"states {text.strip()} which no returned record supports (message {turn.position})",

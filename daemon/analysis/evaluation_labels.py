@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from daemon.analysis.capabilities import Capability, CapabilityRegistry, Evaluation, Judgement, Label, Labeler, Trajectory
-from daemon.core.semconv import EVALUATION_EVENT, event_attributes
+from daemon.core.semconv import EVALUATION_EVENT, decoded, event_attributes
 from daemon.core.settings import EvaluationMapping
 
 _VERSION = "1"  # of the mapping rules below; a change relabels every mapped capability
@@ -52,19 +52,10 @@ def read_evaluation(attributes: dict[str, Any], span_id: str | None, time_unix_n
     )
 
 
-def _json(value: Any) -> Any:
-    if isinstance(value, (str, bytes)):
-        try:
-            return orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return value
-    return value
-
-
 def span_evaluations(span_id: str, end_time_unix_nano: int, events: Any) -> list[Evaluation]:
     """The evaluations among a span's events (stored as JSON); the span is their evidence."""
     found = []
-    for event in _json(events) or []:
+    for event in decoded(events) or []:
         if not isinstance(event, dict) or event.get("name") != EVALUATION_EVENT:
             continue
         evaluation = read_evaluation(
@@ -77,7 +68,7 @@ def span_evaluations(span_id: str, end_time_unix_nano: int, events: Any) -> list
 
 def log_evaluation(span_id: str | None, time_unix_nano: int, attributes: Any, body: Any) -> Evaluation | None:
     """The evaluation of one gen_ai.evaluation.result log record (attributes and body stored as JSON)."""
-    return read_evaluation(event_attributes(_json(attributes), _json(body)), span_id, time_unix_nano)
+    return read_evaluation(event_attributes(decoded(attributes), decoded(body)), span_id, time_unix_nano)
 
 
 def _verdict(mapping: EvaluationMapping, evaluation: Evaluation) -> tuple[Label, bool] | None:

@@ -20,6 +20,13 @@ ENV_PREFIX = "TRACEFIX_"
 CAPABILITY_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
+def capability_name(value: str) -> str:
+    """`value` when it is a snake_case capability name; a ValueError saying what a name must be otherwise."""
+    if not CAPABILITY_NAME.match(value):
+        raise ValueError(f"{value!r} is not a snake_case name (letters, digits, underscores; starts with a letter)")
+    return value
+
+
 class Section(BaseModel):
     """One table of the configuration; its docstring heads the table in config.toml and docs/configuration.md."""
 
@@ -122,12 +129,7 @@ class EvaluationMapping(Section):
         None, description="When no label decides: a score below this is LACKING, at or above it PRESENT; none = labels only."
     )
 
-    @field_validator("capability")
-    @classmethod
-    def _snake_case(cls, value: str) -> str:
-        if not CAPABILITY_NAME.match(value):
-            raise ValueError(f"{value!r} is not a snake_case name (letters, digits, underscores; starts with a letter)")
-        return value
+    _snake_case = field_validator("capability")(staticmethod(capability_name))
 
 
 class CapabilitySettings(Section):
@@ -390,12 +392,7 @@ class CustomCapability(Section):
         None, description="Environment family that trains this capability; none = no training environment yet."
     )
 
-    @field_validator("name")
-    @classmethod
-    def _snake_case(cls, value: str) -> str:
-        if not CAPABILITY_NAME.match(value):
-            raise ValueError(f"{value!r} is not a snake_case name (letters, digits, underscores; starts with a letter)")
-        return value
+    _snake_case = field_validator("name")(staticmethod(capability_name))
 
 
 class LLMSettings(Section):
