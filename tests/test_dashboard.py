@@ -108,8 +108,7 @@ def seed_pipeline(directory: Path) -> None:
             "training": {"resumed_from": None, "warm_start": None, "rollouts": 8 * STEPS}, "steps": STEPS,
             "seconds": 241.0, "adapter": str(run_dir / "adapter"),
         }  # fmt: skip
-        registry.add_adapter(run, str(run_dir / "adapter"), "0" * 64, evaluation)
-        registry.set_run_status(run["run_id"], "running", "candidate", result)
+        assert registry.add_candidate(run, str(run_dir / "adapter"), "0" * 64, result) is not None
     store.close()
 
 

@@ -230,8 +230,10 @@ class Narrator:
             status = self.client.get("/api/status")
             capabilities = self.client.get("/api/capabilities")["items"]
             environments = self.client.get("/api/environments")["items"]
-            runs = self.client.get("/api/runs")["items"]
+            # Adapters before runs: a run's adapter appears in the same transaction that finishes the
+            # run, so reading in this order never shows an adapter whose run still looks running.
             adapters = self.client.get("/api/adapters")["items"]
+            runs = self.client.get("/api/runs")["items"]
             routing = self.client.get("/api/routing")
             audit = self.client.get("/api/audit")["items"]
         except (DaemonUnavailable, ApiError) as error:

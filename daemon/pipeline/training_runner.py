@@ -131,8 +131,9 @@ class TrainingRunner:
         if result["verdict"] == "candidate":
             manifest = Path(result["adapter"]) / "manifest.json"
             digest = hashlib.sha256(manifest.read_bytes()).hexdigest()
-            adapter_id = self.registry.add_adapter(run, result["adapter"], digest, evaluation)
-            self.registry.set_run_status(run_id, "running", "candidate", result)
+            adapter_id = self.registry.add_candidate(run, result["adapter"], digest, result)
+            if adapter_id is None:
+                return None  # the run was taken back (stopped) while its result was being read
             self._move(run["capability"], "candidate", f"adapter {adapter_id} (v{run['version']}) is a candidate: {_gain(evaluation)}")
         else:
             self.registry.set_run_status(run_id, "running", "rejected_by_eval", result)

@@ -97,13 +97,26 @@ class RunStore:
                 tx.execute("UPDATE training_requests SET status = 'done' WHERE request_id = ?", [changed[0][0]])
         return bool(changed)
 
-    def add_adapter(self, run: dict[str, Any], path: str, manifest_sha256: str, evaluation: dict[str, Any]) -> int:
+    def add_candidate(self, run: dict[str, Any], path: str, manifest_sha256: str, result: dict[str, Any]) -> int | None:
+        """Register the run's adapter as a candidate and finish the run as ``candidate`` in one
+        transaction, so no reader sees the adapter of a run still marked running (or the reverse).
+        None when the run is no longer running."""
         with self.store.transaction() as tx:
+            changed = tx.execute(
+                "UPDATE training_runs SET status = 'candidate', result = ?, error = NULL, finished_at = now() "
+                "WHERE run_id = ? AND status = 'running' RETURNING request_id",
+                [orjson.dumps(result).decode(), run["run_id"]],
+            ).fetchall()
+            if not changed:
+                return None
+            if changed[0][0] is not None:
+                tx.execute("UPDATE training_requests SET status = 'done' WHERE request_id = ?", [changed[0][0]])
             return tx.execute(
                 "INSERT INTO adapters (capability, version, run_id, environment_id, path, manifest_sha256, state, evaluation, created_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, 'candidate', ?, now()) RETURNING adapter_id",
-                [run["capability"], run["version"], run["run_id"], run["environment_id"], path, manifest_sha256, orjson.dumps(evaluation).decode()],
-            ).fetchall()[0][0]
+                [run["capability"], run["version"], run["run_id"], run["environment_id"], path, manifest_sha256,
+                 orjson.dumps(result["evaluation"]).decode()],
+            ).fetchall()[0][0]  # fmt: skip
 
     def replay_cases(self, capability: str, limit: int = 20) -> list[dict[str, Any]]:
         """The openings (first system and user message) of failed trajectories labelled LACKING for
