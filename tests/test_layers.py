@@ -4,7 +4,8 @@ Inside `daemon/`, each stage imports only the stages below it:
 core → store → analysis → promotion → pipeline → app. The other top-level packages reach the
 daemon through its shared bottom (core, store) and the API client; the trainer also uses the
 capability model, because its replay judges adapter answers with the same labelers. Imports inside
-functions count too: a late import is still a dependency.
+functions count too: a late import is still a dependency, so no two modules of the daemon import
+each other, not even late.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import ast
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("collectors", "daemon", "trainer", "router", "dashboard")
@@ -34,11 +36,35 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> Iterator[tuple[int, str]]:
-    """Every module `path` imports, anywhere in the file, with its line."""
+# Blocks whose imports never run when the module is imported: for type checkers only, or the
+# module's own script (`python -m` runs it as __main__, a module of its own).
+_NOT_ON_IMPORT = ("TYPE_CHECKING", "typing.TYPE_CHECKING", "__name__ == '__main__'")
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+Run = Literal["anywhere", "module", "late"]
+
+
+def _nodes(node: ast.AST, late: bool) -> Iterator[ast.AST]:
+    """The nodes under `node` whose imports run when the module is imported (with `late`, or when
+    its functions are called)."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, _FUNCTIONS) and not late:
+            continue
+        if isinstance(child, ast.If) and ast.unparse(child.test) in _NOT_ON_IMPORT:
+            for branch in child.orelse:
+                yield branch
+                yield from _nodes(branch, late)
+            continue
+        yield child
+        yield from _nodes(child, late)
+
+
+def _imports(path: Path, run: Run = "anywhere") -> Iterator[tuple[int, str]]:
+    """Every module `path` imports, with its line: `anywhere` in the file, or only the imports that
+    run at `module` level or also `late` (in functions)."""
     module = _module(path)
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree) if run == "anywhere" else _nodes(tree, late=run == "late"):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name
@@ -51,8 +77,8 @@ def _imports(path: Path) -> Iterator[tuple[int, str]]:
                 yield node.lineno, f"{base}.{alias.name}"
 
 
-def _sources() -> Iterator[Path]:
-    for package in PACKAGES:
+def _sources(packages: tuple[str, ...] = PACKAGES) -> Iterator[Path]:
+    for package in packages:
         yield from sorted((REPO / package).rglob("*.py"))
 
 
@@ -111,19 +137,13 @@ def test_the_layer_check_catches_a_backward_import() -> None:
     assert _violation("trainer.replay", "daemon.analysis.capabilities.load_registry") is None
 
 
-def test_no_module_level_import_cycle() -> None:
-    graph: dict[str, set[str]] = {}
-    modules = {_module(path): path for path in _sources()}
-    for module, path in modules.items():
-        edges = set()
-        for node in ast.parse(path.read_text()).body:  # module level only: late imports break cycles at run time
-            names = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
-            edges.update(name for name in names if name in modules and name != module)
-        graph[module] = edges
+def _cycles(packages: tuple[str, ...], run: Run) -> list[str]:
+    """The import cycles among the modules of `packages`, counting the imports `run` names."""
+    modules = {_module(path): path for path in _sources(packages)}
+    graph = {
+        module: {name for _, name in _imports(path, run) if name in modules and name != module}
+        for module, path in modules.items()
+    }
     cycles = []
     state: dict[str, int] = {}
     stack: list[str] = []
@@ -142,7 +162,32 @@ def test_no_module_level_import_cycle() -> None:
     for module in sorted(graph):
         if module not in state:
             visit(module)
+    return cycles
+
+
+def test_no_module_level_import_cycle() -> None:
+    cycles = _cycles(PACKAGES, "module")
     assert cycles == [], "\n".join(cycles)
+
+
+def test_no_import_cycle_in_the_daemon_even_through_late_imports() -> None:
+    # A late import (inside a function) breaks a cycle at run time, not in the design: the module
+    # that composes two others belongs above both.
+    cycles = _cycles(("daemon",), "late")
+    assert cycles == [], "\n".join(cycles)
+
+
+def test_the_cycle_check_sees_late_imports_and_skips_imports_that_never_run() -> None:
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from daemon.app.service import Daemon\n"
+        "def compose():\n    from daemon.analysis.llm_labeler import llm_capabilities\n"
+        "if __name__ == '__main__':\n    from daemon.core.config_file import main\n"
+    )
+    tree = ast.parse(source)
+    late = [node.module for node in _nodes(tree, late=True) if isinstance(node, ast.ImportFrom)]
+    assert late == ["typing", "daemon.analysis.llm_labeler"]
+    assert [node.module for node in _nodes(tree, late=False) if isinstance(node, ast.ImportFrom)] == ["typing"]
 
 
 _SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ALTER|DROP)\s", re.MULTILINE)

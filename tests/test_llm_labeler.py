@@ -615,11 +615,11 @@ def test_llm_capabilities_builds_custom_capabilities() -> None:
 
 
 def test_custom_capabilities_with_the_llm_off_are_reported_not_dropped_silently() -> None:
-    from daemon.analysis.capabilities import load_registry
+    from daemon.analysis.registry import build_registry
     from daemon.core.settings import CapabilitySettings
 
     custom = [{"name": "datetime_reasoning", "description": "Resolve relative dates correctly."}]
-    registry = load_registry(CapabilitySettings(), LLMSettings(custom=custom))
+    registry = build_registry(CapabilitySettings(), LLMSettings(custom=custom))
     assert "datetime_reasoning" not in registry
     assert any("datetime_reasoning" in error and "enabled = false" in error for error in registry.errors)
-    assert load_registry(CapabilitySettings(), LLMSettings()).errors == []
+    assert build_registry(CapabilitySettings(), LLMSettings()).errors == []

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from daemon.core.settings import CapabilitySettings, LLMSettings
+from daemon.core.settings import CapabilitySettings
 
 log = logging.getLogger(__name__)
 
@@ -195,9 +195,9 @@ class CapabilityRegistry:
         return list(self.capabilities)
 
 
-def load_registry(settings: CapabilitySettings, llm: LLMSettings | None = None) -> CapabilityRegistry:
-    """Load every capability plugin, then the LLM-labeled ones from config, then the evaluation mappings
-    ([[capabilities.evaluations]]); a broken plugin is reported, not fatal."""
+def load_registry(settings: CapabilitySettings) -> CapabilityRegistry:
+    """Load every capability plugin; a broken plugin is reported, not fatal. The daemon's registry adds
+    the LLM-labeled and evaluation-mapped capabilities to these (daemon/analysis/registry.py)."""
     registry = CapabilityRegistry()
     disabled = set(settings.disabled)
     for entry_point in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda item: item.name):
@@ -211,24 +211,4 @@ def load_registry(settings: CapabilitySettings, llm: LLMSettings | None = None) 
             message = f"capability plugin {entry_point.name!r} failed to load: {error}"
             log.error(message)
             registry.errors.append(message)
-    if llm is not None and llm.enabled:
-        from daemon.analysis.llm_labeler import llm_capabilities  # late: daemon.analysis.llm_labeler imports this module
-
-        builtin = {capability.name: capability.description for capability in registry if capability.builtin}
-        try:
-            for capability in llm_capabilities(llm, builtin):
-                registry.add(capability)
-        except Exception as error:  # a bad [llm] section must not take the daemon down
-            message = f"LLM capabilities failed to load: {error}"
-            log.error(message)
-            registry.errors.append(message)
-    elif llm is not None and llm.custom:
-        names = ", ".join(capability.name for capability in llm.custom)
-        message = f"capabilities declared in [[llm.custom]] are not labeled while [llm] enabled = false: {names}"
-        log.warning(message)
-        registry.errors.append(message)
-    if settings.evaluations:
-        from daemon.analysis.evaluation_labels import label_with_evaluations  # late: it imports this module
-
-        label_with_evaluations(registry, settings.evaluations)
     return registry

@@ -21,7 +21,7 @@ from collectors.trajectories import Assembler
 from daemon.core import metrics
 from daemon.analysis.analyzer import Analyzer
 from daemon.app.api import create_api
-from daemon.analysis.capabilities import load_registry
+from daemon.analysis.registry import build_registry
 from daemon.core.settings import Settings
 from daemon.core.sockets import bind
 from daemon.store.store import HEALTHY, AnalysisStore, Store
@@ -70,7 +70,7 @@ class Daemon:
             self.store, settings.assembler, settings.outcome, lambda: self.writer.committed_batch,
             capability_evaluations=[mapping.name for mapping in settings.capabilities.evaluations],
         )  # fmt: skip
-        self.registry = load_registry(settings.capabilities, settings.llm)
+        self.registry = build_registry(settings.capabilities, settings.llm)
         self.analysis_store = AnalysisStore(self.store)
         self.analyzer = Analyzer(self.store, self.registry, settings.analysis)
         self.trigger = Trigger(self.store, self.registry, settings.analysis, settings.trigger)
