@@ -1,0 +1,83 @@
+"""The admin API through which the daemon loads, promotes and removes adapter versions and sets the
+routing mode; every call needs `Authorization: Bearer <token>`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, Field
+
+from daemon.core.settings import CAPABILITY_NAME
+from router.backend import AdapterConflict, BackendUnavailable
+from router.protocol import ApiError
+from router.routes.dependencies import Table, authorized
+from router.routes.errors import unavailable
+from router.routing import RoutingError, UnknownAdapter
+from trainer.adapters import AdapterRejected
+
+router = APIRouter(dependencies=[Depends(authorized)])
+
+
+class AdapterLoad(BaseModel):
+    capability: str = Field(pattern=CAPABILITY_NAME.pattern)
+    version: int = Field(ge=1)
+    path: str = Field(min_length=1)
+    description: str = Field("", max_length=2000, description="What the capability is; the classifier reads it.")
+    canary: float | None = Field(
+        None, gt=0, lt=1, description="Load as a canary taking this share of the capability's traffic until promoted."
+    )
+
+
+class RoutingChange(BaseModel):
+    mode: str
+    adapter: str | None = Field(None, description="With mode 'fixed': a live adapter, its capability, or 'base'.")
+    gate: str | None = Field(None, description="With mode 'gate': the gate weights trained for live adapters.")
+
+
+def adapter_not_found(name: str) -> ApiError:
+    return ApiError(404, f"no live adapter named {name!r}", code="adapter_not_found")
+
+
+@router.post("/admin/adapters")
+def load_adapter(body: AdapterLoad, table: Table) -> dict[str, Any]:
+    try:
+        return table.add(body.capability, body.version, Path(body.path), body.description, body.canary)
+    except AdapterRejected as error:
+        raise ApiError(422, str(error), code="adapter_rejected", param="path") from None
+    except AdapterConflict as error:
+        raise ApiError(409, str(error), code="adapter_exists") from None
+    except BackendUnavailable as error:
+        raise unavailable(error) from None
+
+
+@router.post("/admin/adapters/{name}/promote")
+def promote_adapter(name: str, table: Table) -> dict[str, Any]:
+    try:
+        return table.promote(name)
+    except UnknownAdapter:
+        raise adapter_not_found(name) from None
+    except RoutingError as error:
+        raise ApiError(409, str(error), code="not_a_canary") from None
+
+
+@router.delete("/admin/adapters/{name}")
+def remove_adapter(name: str, table: Table) -> dict[str, Any]:
+    try:
+        return table.remove(name)
+    except UnknownAdapter:
+        raise adapter_not_found(name) from None
+
+
+@router.put("/admin/routing")
+def change_routing(body: RoutingChange, table: Table) -> dict[str, Any]:
+    try:
+        return table.set_mode(body.mode, body.adapter, body.gate)
+    except RoutingError as error:
+        raise ApiError(400, str(error), param="mode") from None
+
+
+@router.get("/admin/routing")
+def routing(table: Table) -> dict[str, Any]:
+    return table.snapshot()
