@@ -24,18 +24,17 @@ REQUIRED = ("model", "adapters", "examples_per_adapter", "steps")
 def trajectories(request: dict[str, Any], tokenizer: Any) -> list[tuple[list[dict[str, Any]], int]]:
     """(messages, slot) of successful solutions: each adapter's own family on its slot; families
     without a live adapter, on the first adapter's tools, on the base slot."""
-    from trainer.environment import Environment, load_tools
-    from trainer.families import load_families
+    from trainer.environment import Environment
+    from trainer.families import build_environment, load_families
     from trainer.rollouts import demonstration
 
     families = load_families()
     per_family = int(request["examples_per_adapter"])
     plans: list[tuple[Environment, int]] = []
     for slot, adapter in enumerate(request["adapters"], start=1):
-        tools = load_tools(adapter["tools"])
-        plans.append((Environment(families[adapter["family"]], tools, int(adapter.get("difficulty", 1))), slot))
+        plans.append((build_environment(adapter, families), slot))
     live = {adapter["family"] for adapter in request["adapters"]}
-    tools = load_tools(request["adapters"][0]["tools"])
+    tools = plans[0][0].tools  # the first adapter's
     for name, family in sorted(families.items()):
         if name not in live and family.unusable(tools) is None:
             plans.append((Environment(family, tools), 0))

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from trainer.adapters import base_model_hash, save_adapter
-from trainer.environment import Environment, load_tools
+from trainer.environment import Environment
 from trainer.evaluation import compare
-from trainer.families import load_families
+from trainer.families import build_environment, load_families
 from trainer.grpo import TrainConfig, train
 from trainer.replay import replay
 from trainer.rollouts import Sampling
@@ -38,11 +38,8 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
 
     started = time.monotonic()
     families = load_families()
-    if request["family"] not in families:
-        raise RequestError(f"unknown environment family {request['family']!r}; known: {', '.join(sorted(families))}")
-    tools = load_tools(request["tools"])
-    family = families[request["family"]]
-    environment = Environment(family, tools, request["difficulty"])
+    environment = build_environment(request, families)
+    family, tools = environment.family, environment.tools
     model_settings = request["model"]
     model_dir = models.resolve(model_settings["name"], Path(model_settings["cache_dir"]))
     config = TrainConfig.from_dict(request["training"])

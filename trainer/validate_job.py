@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer.environment import Family, Instance, Policy, Tool, load_tools
-from trainer.families import load_families
+from trainer.environment import Family, Instance, Policy, Tool
+from trainer.families import build_environment
 from trainer.jobs import RequestError, exit_with_parent, limit_memory, write_atomically
 from trainer.jobs import read_request as read_request_keys
 from trainer.model import ModelUnavailable
@@ -94,14 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         memory_mb = request["gate"]["memory_mb"]
         limit_memory(memory_mb)
         exit_with_parent()
-        families = load_families()
-        if request["family"] not in families:
-            known = ", ".join(sorted(families))
-            raise RequestError(f"unknown environment family {request['family']!r}; known: {known}")
-        report = run_gate(
-            families[request["family"]], load_tools(request["tools"]), request["model"], request["gate"],
-            request["difficulty"],
-        )  # fmt: skip
+        environment = build_environment(request)
+        report = run_gate(environment.family, environment.tools, request["model"], request["gate"], environment.difficulty)
         write_atomically(arguments.report, report)
     except (RequestError, ModelUnavailable) as error:
         reason = str(error)

@@ -425,15 +425,12 @@ def _tools(config_path: Path | None, tools_file: Path | None, service: str | Non
 
 def _environment(capability: str, tools: list, difficulty: int):  # type: ignore[no-untyped-def]
     from trainer.environment import Environment
-    from trainer.families import load_families
+    from trainer.families import find_family, load_families
 
-    families = {family.capability: family for family in load_families().values()}
-    if capability not in families:
-        raise click.ClickException(f"no environment family for {capability!r}; known: {', '.join(sorted(families))}")
-    family = families[capability]
-    if difficulty not in family.levels:
-        raise click.ClickException(f"{family.name} has difficulty levels {list(family.levels)}")
     try:
+        family = find_family(load_families(), capability)
+        if difficulty not in family.levels:
+            raise click.ClickException(f"{family.name} has difficulty levels {list(family.levels)}")
         return Environment(family, tools, difficulty)
     except ValueError as error:
         raise click.ClickException(str(error)) from None

@@ -16,7 +16,7 @@ from daemon.core.settings import CapabilitySettings
 from daemon.store.store import AnalysisStore
 from trainer.checks import check
 from trainer.environment import Environment, load_tools
-from trainer.families import load_families
+from trainer.families import find_family, load_families
 
 log = logging.getLogger(__name__)
 
@@ -51,24 +51,24 @@ class Synthesizer:
         self.seeds = seeds
         self.families = load_families()
 
-    def family_for(self, capability: str):  # type: ignore[no-untyped-def]
+    def environment_for(self, capability: str, definitions: list[dict[str, Any]]) -> Environment:
+        """The capability's family (its configured environment_family, else the one that trains it) on
+        these tool definitions, at the family's first level; a ValueError says why there is none."""
         wanted = self.registry[capability].environment_family if capability in self.registry else None
-        return next((family for family in self.families.values() if family.name == (wanted or capability)), None)
+        family = find_family(self.families, capability, wanted)
+        if not definitions:
+            raise ValueError("no tool definitions seen")
+        return Environment(family, load_tools(definitions), family.levels[0])
 
     def run_pass(self) -> list[int]:
         """Build and store an environment for every open request that has none; returns their ids."""
         created = []
         for request in self.store.requests_without_environment():
             capability = request["capability"]
-            family = self.family_for(capability)
             service = self.store.lacking_service(capability)
             definitions = stored_definitions(self.store.tool_definitions(service), self.settings)
-            if family is None or not definitions:
-                reason = "no environment family registered" if family is None else "no tool definitions seen"
-                created.append(self._store_failure(request, capability, service, definitions, reason))
-                continue
             try:
-                environment = Environment(family, load_tools(definitions), family.levels[0])
+                environment = self.environment_for(capability, definitions)
             except ValueError as error:
                 created.append(self._store_failure(request, capability, service, definitions, str(error)))
                 continue
@@ -80,7 +80,7 @@ class Synthesizer:
             state = self.store.states().get(capability)
             if state is not None and report.passed and not self.store.transition(
                     capability, state["state"], ENVIRONMENT_STATE,
-                    f"environment {environment_id} ({family.name} on {service}'s {len(definitions)} tools) checked "
+                    f"environment {environment_id} ({environment.family.name} on {service}'s {len(definitions)} tools) checked "
                     f"on {self.seeds} seeds", state["consecutive"], state["last_pass_id"],
                 ):  # fmt: skip
                 log.warning("capability %s moved on while environment %d was built", capability, environment_id)
