@@ -37,6 +37,17 @@ from dataclasses import asdict, dataclass
 from datetime import date, timedelta
 from typing import Any
 
+from opentelemetry import trace as trace_api
+from opentelemetry._logs import SeverityNumber
+from opentelemetry.context import Context
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
 __all__ = [
     "AGENT_NAME",
     "CAPABILITIES",
@@ -1485,6 +1496,67 @@ def _spans_of(plan: TrajectoryPlan) -> int:
     return 1 + sum(1 for m in plan.messages if m["role"] in ("assistant", "tool"))
 
 
+class _PlannedIds(IdGenerator):
+    """Trace ids come from the plan; span ids from a generator seeded by it."""
+
+    def __init__(self) -> None:
+        self.trace_id = 1
+        self.rng = random.Random()
+
+    def use(self, trace_id: str) -> None:
+        self.trace_id = int(trace_id, 16)
+        self.rng.seed(trace_id)
+
+    def generate_trace_id(self) -> int:
+        return self.trace_id
+
+    def generate_span_id(self) -> int:
+        return self.rng.getrandbits(64) or 1
+
+
+class _Pipeline:
+    """The SDK's tracer and logger of one `send`, batching into OTLP exporters that count what was accepted."""
+
+    def __init__(
+        self, endpoint: str, protocol: str, service_name: str, timeout_s: float, spans: int, logs: int
+    ) -> None:
+        span_exporter, log_exporter = _exporters(endpoint, protocol, timeout_s)
+        self.spans, self.logs = _Counting(span_exporter), _Counting(log_exporter)
+        self.timeout_ms = int(timeout_s * 1000)
+        resource = Resource.create(
+            {"service.name": service_name, "service.version": "2.3.1", "deployment.environment.name": "production"}
+        )
+        batching = {
+            "max_export_batch_size": 512,
+            "schedule_delay_millis": 200,
+            "export_timeout_millis": self.timeout_ms,
+        }
+        self.ids = _PlannedIds()
+        self.tracer_provider = TracerProvider(resource=resource, id_generator=self.ids)
+        self.tracer_provider.add_span_processor(
+            BatchSpanProcessor(self.spans, max_queue_size=max(2048, spans + 16), **batching)
+        )
+        self.logger_provider = LoggerProvider(resource=resource)
+        self.logger_provider.add_log_record_processor(
+            BatchLogRecordProcessor(self.logs, max_queue_size=max(2048, logs + 16), **batching)
+        )
+        self.tracer = self.tracer_provider.get_tracer("examples.traffic", "0.1.0")
+        self.logger = self.logger_provider.get_logger("examples.traffic", "0.1.0")
+
+    def flush(self) -> None:
+        self.tracer_provider.force_flush(self.timeout_ms)
+        self.logger_provider.force_flush(self.timeout_ms)
+
+    def shutdown(self) -> None:
+        self.tracer_provider.shutdown()
+        self.logger_provider.shutdown()
+
+
+_MS = 1_000_000  # nanoseconds
+_TOOLS_JSON = _dumps(TOOLS)
+_INSTRUCTIONS_JSON = _dumps([{"type": "text", "content": SYSTEM_INSTRUCTIONS}])
+
+
 def send(
     plans: Sequence[TrajectoryPlan],
     endpoint: str = "http://127.0.0.1:4318",
@@ -1501,185 +1573,140 @@ def send(
     Each plan becomes one trace under its planned trace id, with explicit timestamps laid out in
     the past so that the last conversation ends shortly before `end_time_ns` (default: now).
     """
-    from opentelemetry import trace as trace_api
-    from opentelemetry._logs import SeverityNumber
-    from opentelemetry.context import Context
-    from opentelemetry.sdk._logs import LoggerProvider
-    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.id_generator import IdGenerator
-    from opentelemetry.trace import SpanKind, Status, StatusCode
-
     if outcome_via not in ("log", "attribute"):
         raise ValueError("outcome_via must be 'log' or 'attribute'")
     started = time.perf_counter()
-
-    class PlannedIds(IdGenerator):
-        """Trace ids come from the plan; span ids from a generator seeded by it."""
-
-        def __init__(self) -> None:
-            self.trace_id = 1
-            self.rng = random.Random()
-
-        def use(self, trace_id: str) -> None:
-            self.trace_id = int(trace_id, 16)
-            self.rng.seed(trace_id)
-
-        def generate_trace_id(self) -> int:
-            return self.trace_id
-
-        def generate_span_id(self) -> int:
-            return self.rng.getrandbits(64) or 1
-
-    span_exporter, log_exporter = _exporters(endpoint, protocol, timeout_s)
-    span_counter, log_counter = _Counting(span_exporter), _Counting(log_exporter)
-    resource = Resource.create(
-        {"service.name": service_name, "service.version": "2.3.1", "deployment.environment.name": "production"}
-    )
     total_spans = sum(_spans_of(plan) for plan in plans)
-    ids = PlannedIds()
-    tracer_provider = TracerProvider(resource=resource, id_generator=ids)
-    tracer_provider.add_span_processor(
-        BatchSpanProcessor(
-            span_counter, max_queue_size=max(2048, total_spans + 16), max_export_batch_size=512,
-            schedule_delay_millis=200, export_timeout_millis=int(timeout_s * 1000),
-        )  # fmt: skip
-    )
-    logger_provider = LoggerProvider(resource=resource)
-    logger_provider.add_log_record_processor(
-        BatchLogRecordProcessor(
-            log_counter, max_queue_size=max(2048, len(plans) + 16), max_export_batch_size=512,
-            schedule_delay_millis=200, export_timeout_millis=int(timeout_s * 1000),
-        )  # fmt: skip
-    )
-    tracer = tracer_provider.get_tracer("examples.traffic", "0.1.0")
-    logger = logger_provider.get_logger("examples.traffic", "0.1.0")
-
-    tools_json = _dumps(TOOLS)
-    instructions_json = _dumps([{"type": "text", "content": SYSTEM_INSTRUCTIONS}])
+    pipeline = _Pipeline(endpoint, protocol, service_name, timeout_s, total_spans, len(plans))
     lengths = [plan.start_offset_ms + sum(plan.durations_ms) + 20 * len(plan.messages) for plan in plans]
     end_ns = end_time_ns if end_time_ns is not None else time.time_ns()
-    base_ns = end_ns - (max(lengths, default=0) + 2_000) * 1_000_000
-    ms = 1_000_000
-    logs = 0
-
+    base_ns = end_ns - (max(lengths, default=0) + 2_000) * _MS
     try:
         for plan in plans:
-            ids.use(plan.trace_id)
-            t = base_ns + plan.start_offset_ms * ms
-            conversation = plan.conversation_id
-            root_attributes: dict[str, Any] = {
-                "gen_ai.operation.name": "invoke_agent",
-                "gen_ai.agent.name": AGENT_NAME,
-                "gen_ai.agent.id": "asst_skyways_support_v2",
-                "gen_ai.conversation.id": conversation,
-                "gen_ai.provider.name": PROVIDER,
-                "gen_ai.request.model": MODEL,
-                "user.id": plan.user_id,
-            }
-            if outcome_via == "attribute":
-                root_attributes["tracefix.outcome"] = plan.outcome
-            root = tracer.start_span(
-                f"invoke_agent {AGENT_NAME}", context=Context(), kind=SpanKind.INTERNAL,
-                attributes=root_attributes, start_time=t,
-            )  # fmt: skip
-            parent = trace_api.set_span_in_context(root)
-            call_by_id = {call.id: call for call in plan.calls}
-            t += 3 * ms
-            for index, message in enumerate(plan.messages):
-                duration = plan.durations_ms[index] * ms
-                role = message["role"]
-                if role == "user":
-                    t += duration
-                elif role == "assistant":
-                    history = [_input_message(m) for m in plan.messages[:index]]
-                    input_json = _dumps(history)
-                    output_json = _dumps([message])
-                    usage_in = (len(instructions_json) + len(tools_json) + len(input_json)) // 4
-                    span = tracer.start_span(
-                        f"chat {MODEL}", context=parent, kind=SpanKind.CLIENT, start_time=t,
-                        attributes={
-                            "gen_ai.operation.name": "chat",
-                            "gen_ai.provider.name": PROVIDER,
-                            "gen_ai.request.model": MODEL,
-                            "gen_ai.response.model": RESPONSE_MODEL,
-                            "gen_ai.response.id": f"chatcmpl-{plan.trace_id[:12]}{index:04d}",
-                            "gen_ai.conversation.id": conversation,
-                            "gen_ai.request.temperature": 0.2,
-                            "gen_ai.system_instructions": instructions_json,
-                            "gen_ai.tool.definitions": tools_json,
-                            "gen_ai.input.messages": input_json,
-                            "gen_ai.output.messages": output_json,
-                            "gen_ai.response.finish_reasons": [message.get("finish_reason", "stop")],
-                            "gen_ai.usage.input_tokens": usage_in,
-                            "gen_ai.usage.output_tokens": max(1, len(output_json) // 4),
-                            "server.address": "api.openai.com",
-                            "server.port": 443,
-                        },
-                    )  # fmt: skip
-                    span.end(end_time=t + duration)
-                    t += duration + 2 * ms
-                else:  # a tool result: the execute_tool span that produced it
-                    part = message["parts"][0]
-                    call = call_by_id[part["id"]]
-                    attributes = {
-                        "gen_ai.operation.name": "execute_tool",
-                        "gen_ai.tool.name": call.name,
-                        "gen_ai.tool.type": "function",
-                        "gen_ai.tool.call.id": call.id,
-                        "gen_ai.tool.call.arguments": _dumps(call.arguments),
-                        "gen_ai.conversation.id": conversation,
-                    }
-                    if call.name in TOOLS_BY_NAME:
-                        attributes["gen_ai.tool.description"] = TOOLS_BY_NAME[call.name]["description"]
-                    if call.failed:
-                        attributes["error.type"] = call.error_type
-                    else:
-                        attributes["gen_ai.tool.call.result"] = _dumps(call.result)
-                    span = tracer.start_span(
-                        f"execute_tool {call.name}", context=parent, kind=SpanKind.INTERNAL,
-                        attributes=attributes, start_time=t,
-                    )  # fmt: skip
-                    if call.failed:
-                        span.set_status(Status(StatusCode.ERROR, f"{call.error_type}: {call.error_message}"))
-                    span.end(end_time=t + duration)
-                    t += duration + 2 * ms
-            root.end(end_time=t + 4 * ms)
-            if outcome_via == "log":
-                passed = plan.outcome == "success"
-                logger.emit(
-                    timestamp=t + 250 * ms,
-                    observed_timestamp=t + 250 * ms,
-                    context=parent,
-                    severity_number=SeverityNumber.INFO,
-                    event_name="gen_ai.evaluation.result",
-                    attributes={
-                        "gen_ai.evaluation.name": "task_success",
-                        "gen_ai.evaluation.score.label": "pass" if passed else "fail",
-                        "gen_ai.evaluation.score.value": 1.0 if passed else 0.0,
-                        "gen_ai.evaluation.explanation": "goal achieved" if passed else "goal not achieved",
-                        "gen_ai.conversation.id": conversation,
-                    },
-                )
-                logs += 1
-        tracer_provider.force_flush(int(timeout_s * 1000))
-        logger_provider.force_flush(int(timeout_s * 1000))
+            _emit(pipeline, plan, base_ns + plan.start_offset_ms * _MS, outcome_via)
+        pipeline.flush()
     finally:
-        tracer_provider.shutdown()
-        logger_provider.shutdown()
+        pipeline.shutdown()
 
     summary = summarize(plans, gaps)
     summary.spans = total_spans
-    summary.logs = logs
-    summary.exported_spans = span_counter.exported
-    summary.exported_logs = log_counter.exported
+    summary.logs = len(plans) if outcome_via == "log" else 0
+    summary.exported_spans = pipeline.spans.exported
+    summary.exported_logs = pipeline.logs.exported
     summary.endpoint = endpoint
     summary.protocol = protocol
     summary.outcome_via = outcome_via
     summary.seconds = round(time.perf_counter() - started, 3)
     return summary
+
+
+def _emit(pipeline: _Pipeline, plan: TrajectoryPlan, start_ns: int, outcome_via: str) -> None:
+    """One plan as one trace starting at `start_ns`: the agent's root span, a chat span per assistant
+    message, an execute_tool span per tool result, and the outcome as a log record or root attribute."""
+    pipeline.ids.use(plan.trace_id)
+    root_attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": AGENT_NAME,
+        "gen_ai.agent.id": "asst_skyways_support_v2",
+        "gen_ai.conversation.id": plan.conversation_id,
+        "gen_ai.provider.name": PROVIDER,
+        "gen_ai.request.model": MODEL,
+        "user.id": plan.user_id,
+    }
+    if outcome_via == "attribute":
+        root_attributes["tracefix.outcome"] = plan.outcome
+    root = pipeline.tracer.start_span(
+        f"invoke_agent {AGENT_NAME}", context=Context(), kind=SpanKind.INTERNAL,
+        attributes=root_attributes, start_time=start_ns,
+    )  # fmt: skip
+    parent = trace_api.set_span_in_context(root)
+    call_by_id = {call.id: call for call in plan.calls}
+    t = start_ns + 3 * _MS
+    for index, message in enumerate(plan.messages):
+        duration = plan.durations_ms[index] * _MS
+        if message["role"] == "user":
+            t += duration
+            continue
+        if message["role"] == "assistant":
+            attributes = _chat_attributes(plan, index)
+            span = pipeline.tracer.start_span(
+                f"chat {MODEL}", context=parent, kind=SpanKind.CLIENT, start_time=t, attributes=attributes
+            )
+        else:  # a tool result: the execute_tool span that produced it
+            call = call_by_id[message["parts"][0]["id"]]
+            span = pipeline.tracer.start_span(
+                f"execute_tool {call.name}", context=parent, kind=SpanKind.INTERNAL,
+                attributes=_tool_attributes(plan, call), start_time=t,
+            )  # fmt: skip
+            if call.failed:
+                span.set_status(Status(StatusCode.ERROR, f"{call.error_type}: {call.error_message}"))
+        span.end(end_time=t + duration)
+        t += duration + 2 * _MS
+    root.end(end_time=t + 4 * _MS)
+    if outcome_via == "log":
+        _emit_outcome(pipeline, plan, parent, t + 250 * _MS)
+
+
+def _chat_attributes(plan: TrajectoryPlan, index: int) -> dict[str, Any]:
+    """The chat span of the assistant message at `index`: the history before it in, the message out."""
+    message = plan.messages[index]
+    input_json = _dumps([_input_message(m) for m in plan.messages[:index]])
+    output_json = _dumps([message])
+    return {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": PROVIDER,
+        "gen_ai.request.model": MODEL,
+        "gen_ai.response.model": RESPONSE_MODEL,
+        "gen_ai.response.id": f"chatcmpl-{plan.trace_id[:12]}{index:04d}",
+        "gen_ai.conversation.id": plan.conversation_id,
+        "gen_ai.request.temperature": 0.2,
+        "gen_ai.system_instructions": _INSTRUCTIONS_JSON,
+        "gen_ai.tool.definitions": _TOOLS_JSON,
+        "gen_ai.input.messages": input_json,
+        "gen_ai.output.messages": output_json,
+        "gen_ai.response.finish_reasons": [message.get("finish_reason", "stop")],
+        "gen_ai.usage.input_tokens": (len(_INSTRUCTIONS_JSON) + len(_TOOLS_JSON) + len(input_json)) // 4,
+        "gen_ai.usage.output_tokens": max(1, len(output_json) // 4),
+        "server.address": "api.openai.com",
+        "server.port": 443,
+    }
+
+
+def _tool_attributes(plan: TrajectoryPlan, call: ToolCallPlan) -> dict[str, Any]:
+    attributes = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": call.name,
+        "gen_ai.tool.type": "function",
+        "gen_ai.tool.call.id": call.id,
+        "gen_ai.tool.call.arguments": _dumps(call.arguments),
+        "gen_ai.conversation.id": plan.conversation_id,
+    }
+    if call.name in TOOLS_BY_NAME:
+        attributes["gen_ai.tool.description"] = TOOLS_BY_NAME[call.name]["description"]
+    if call.failed:
+        attributes["error.type"] = call.error_type
+    else:
+        attributes["gen_ai.tool.call.result"] = _dumps(call.result)
+    return attributes
+
+
+def _emit_outcome(pipeline: _Pipeline, plan: TrajectoryPlan, context: Context, at_ns: int) -> None:
+    """The outcome as a `gen_ai.evaluation.result` log record in the trace's context."""
+    passed = plan.outcome == "success"
+    pipeline.logger.emit(
+        timestamp=at_ns,
+        observed_timestamp=at_ns,
+        context=context,
+        severity_number=SeverityNumber.INFO,
+        event_name="gen_ai.evaluation.result",
+        attributes={
+            "gen_ai.evaluation.name": "task_success",
+            "gen_ai.evaluation.score.label": "pass" if passed else "fail",
+            "gen_ai.evaluation.score.value": 1.0 if passed else 0.0,
+            "gen_ai.evaluation.explanation": "goal achieved" if passed else "goal not achieved",
+            "gen_ai.conversation.id": plan.conversation_id,
+        },
+    )
 
 
 # --------------------------------------------------------------------------------------------
