@@ -84,7 +84,7 @@ def seed_pipeline(directory: Path) -> None:
     """Per candidate capability: an environment built from the demo agent's tools and checked for
     real, validated; a finished run with its progress.jsonl; a candidate adapter with its report."""
     store = Store(StoreSettings(path=directory / "tracefix.duckdb"))
-    analysis, registry = AnalysisStore(store), RunStore(store)
+    analysis, runs = AnalysisStore(store), RunStore(store)
     definitions = [{"name": tool["name"], "description": tool["description"], "parameters": tool["parameters"]} for tool in TOOLS]
     families = {family.capability: family for family in load_families().values()}
     for index, capability in enumerate(CANDIDATES):
@@ -97,8 +97,8 @@ def seed_pipeline(directory: Path) -> None:
             [Attempt(1, 0.0, 0.12, 0.15, 0.3, "too_weak"), Attempt(1, 0.25, 0.42, 0.27, 0.72, "ok")],
         ).to_dict()  # fmt: skip
         analysis.set_environment_status(environment_id, "checked", "validated", {**report, "rollouts": 800, "seconds": 95.0})
-        run = registry.create_run(registry.environment(environment_id), {"steps": STEPS}, str(directory / "runs"))
-        registry.set_run_status(run["run_id"], "queued", "running")
+        run = runs.create_run(runs.environment(environment_id), {"steps": STEPS}, str(directory / "runs"))
+        runs.set_run_status(run["run_id"], "queued", "running")
         run_dir = Path(run["directory"])
         run_dir.mkdir(parents=True)
         (run_dir / "progress.jsonl").write_text("".join(json.dumps(_progress(step)) + "\n" for step in range(1, STEPS + 1)))
@@ -108,7 +108,7 @@ def seed_pipeline(directory: Path) -> None:
             "training": {"resumed_from": None, "warm_start": None, "rollouts": 8 * STEPS}, "steps": STEPS,
             "seconds": 241.0, "adapter": str(run_dir / "adapter"),
         }  # fmt: skip
-        assert registry.add_candidate(run, str(run_dir / "adapter"), "0" * 64, result) is not None
+        assert runs.add_candidate(run, str(run_dir / "adapter"), "0" * 64, result) is not None
     store.close()
 
 

@@ -101,37 +101,37 @@ def runner_store(tmp_path: Path) -> Iterator[tuple[Store, AnalysisStore, RunStor
     store.close()
 
 
-def _runner(store: Store, analysis: AnalysisStore, registry: RunStore, model: Path, **training: object) -> TrainingRunner:
+def _runner(store: Store, analysis: AnalysisStore, runs: RunStore, model: Path, **training: object) -> TrainingRunner:
     settings = Settings(
         store=StoreSettings(path=store.path),
         model=ModelSettings(name=str(model), max_new_tokens=8, threads=1),
         training=TrainingSettings(**{**TINY_TRAINING, **training}),
     )
     settings.validation.enabled = False
-    return TrainingRunner(analysis, registry, settings)
+    return TrainingRunner(analysis, runs, settings)
 
 
 def test_an_adapter_that_does_not_beat_the_base_by_the_margin_is_rejected_by_eval(
     runner_store: tuple[Store, AnalysisStore, RunStore], tiny_model: Path
 ) -> None:
-    store, analysis, registry = runner_store
-    runner = _runner(store, analysis, registry, tiny_model, eval_margin=1.0)
+    store, analysis, runs = runner_store
+    runner = _runner(store, analysis, runs, tiny_model, eval_margin=1.0)
     run_id = runner.run_pass()
-    run = registry.run(run_id)
+    run = runs.run(run_id)
     assert run["status"] == "rejected_by_eval" and run["finished_at"] is not None
     assert "gain +0.00 < margin 1.00" in run["result"]["evaluation"]["reasons"][0]
-    assert registry.adapters() == [] and not (Path(run["directory"]) / "adapter").exists()
+    assert runs.adapters() == [] and not (Path(run["directory"]) / "adapter").exists()
     assert analysis.states()[FAMILY.capability]["state"] == "cooldown"
 
 
 def test_a_crashed_run_is_failed_with_its_error_and_leaves_no_adapter(
     runner_store: tuple[Store, AnalysisStore, RunStore], tmp_path: Path
 ) -> None:
-    store, analysis, registry = runner_store
-    runner = _runner(store, analysis, registry, tmp_path / "missing-model")
-    run = registry.run(runner.run_pass())
+    store, analysis, runs = runner_store
+    runner = _runner(store, analysis, runs, tmp_path / "missing-model")
+    run = runs.run(runner.run_pass())
     assert run["status"] == "failed" and "config.json" in run["error"]
-    assert registry.adapters() == []
+    assert runs.adapters() == []
     assert analysis.states()[FAMILY.capability]["state"] == "environment"
     assert runner.run_pass() is None  # the environment has had its run
 
@@ -139,11 +139,11 @@ def test_a_crashed_run_is_failed_with_its_error_and_leaves_no_adapter(
 def test_a_daemon_side_error_fails_the_run_instead_of_leaving_it_running(
     runner_store: tuple[Store, AnalysisStore, RunStore], tiny_model: Path
 ) -> None:
-    store, analysis, registry = runner_store
-    runner = _runner(store, analysis, registry, tiny_model)
+    store, analysis, runs = runner_store
+    runner = _runner(store, analysis, runs, tiny_model)
     runner.directory.mkdir(parents=True, exist_ok=True)
     (runner.directory / "run-1").write_text("a file where the run directory belongs")
-    run = registry.run(runner.run_pass())
+    run = runs.run(runner.run_pass())
     assert run["run_id"] == 1 and run["status"] == "failed" and "FileExistsError" in run["error"]
     assert analysis.states()[FAMILY.capability]["state"] == "environment"
 
@@ -157,25 +157,25 @@ def test_a_run_stopped_with_the_daemon_is_requeued_and_resumes_from_its_checkpoi
 ) -> None:
     import threading
 
-    store, analysis, registry = runner_store
-    runner = _runner(store, analysis, registry, tiny_model, steps=3, warm_start_examples=0)
+    store, analysis, runs = runner_store
+    runner = _runner(store, analysis, runs, tiny_model, steps=3, warm_start_examples=0)
     worker = threading.Thread(target=runner.run_pass)
     worker.start()
     deadline = time.monotonic() + 120
     checkpoint = None
     while time.monotonic() < deadline and checkpoint is None:
-        runs = registry.runs()
-        if runs and (Path(runs[0]["directory"]) / "checkpoints" / "checkpoint-1" / "trainer_state.json").exists():
-            checkpoint = runs[0]
+        listed = runs.runs()
+        if listed and (Path(listed[0]["directory"]) / "checkpoints" / "checkpoint-1" / "trainer_state.json").exists():
+            checkpoint = listed[0]
         time.sleep(0.2)
     runner.stop()
     worker.join(timeout=30)
     assert checkpoint is not None and not _training_processes()
-    assert registry.run(checkpoint["run_id"])["status"] == "queued"
+    assert runs.run(checkpoint["run_id"])["status"] == "queued"
     # A new daemon picks the queued run up again; it resumes instead of starting over.
-    again = _runner(store, analysis, registry, tiny_model, steps=3, warm_start_examples=0)
+    again = _runner(store, analysis, runs, tiny_model, steps=3, warm_start_examples=0)
     assert again.run_pass() == checkpoint["run_id"]
-    finished = registry.run(checkpoint["run_id"])
+    finished = runs.run(checkpoint["run_id"])
     assert finished["status"] == "candidate", finished["error"]
     assert finished["result"]["training"]["resumed_from"].startswith("checkpoint-")
     records = [json.loads(line) for line in (Path(finished["directory"]) / "progress.jsonl").read_text().splitlines()]

@@ -76,13 +76,13 @@ class Daemon:
         self.trigger = Trigger(self.store, self.registry, settings.analysis, settings.trigger)
         self.synthesizer = Synthesizer(self.analysis_store, self.registry, settings.capabilities)
         self.validator = Validator(self.analysis_store, settings)
-        self.adapter_registry = RunStore(self.store)
-        self.training = TrainingRunner(self.analysis_store, self.adapter_registry, settings)
+        self.runs = RunStore(self.store)
+        self.training = TrainingRunner(self.analysis_store, self.runs, settings)
         self.promotion = Promotion(
             self.store, settings, describe=lambda name: self.registry[name].description if name in self.registry else name
         )
         self.router_admin = RouterAdmin(settings)
-        self.gates = GateRunner(self.promotion, self.adapter_registry, settings, self.router_admin)
+        self.gates = GateRunner(self.promotion, self.runs, settings, self.router_admin)
         self.last_analysis: dict[str, Any] | None = None
         self.http_receiver = HttpReceiver(self.ingestor, collector.max_body_bytes, collector.token)
         self.grpc_receiver: GrpcReceiver | None = None

@@ -28,9 +28,9 @@ log = logging.getLogger(__name__)
 
 
 class GateRunner:
-    def __init__(self, promotion: Promotion, registry: RunStore, settings: Settings, router: RouterAdmin) -> None:
+    def __init__(self, promotion: Promotion, runs: RunStore, settings: Settings, router: RouterAdmin) -> None:
         self.promotion = promotion
-        self.registry = registry
+        self.runs = runs
         self.settings = settings
         self.router = router
         self.directory = settings.data_dir / "gates"
@@ -74,7 +74,7 @@ class GateRunner:
         gate, model = self.settings.gate, self.settings.model
         adapters = []
         for adapter in live:
-            environment = self.registry.environment(adapter["environment_id"]) or {}
+            environment = self.runs.environment(adapter["environment_id"]) or {}
             adapters.append({
                 "name": served_name(adapter), "path": adapter["path"], "family": environment.get("family", adapter["capability"]),
                 "difficulty": environment.get("difficulty", 1), "tools": environment.get("tools") or [],

@@ -30,16 +30,16 @@ _JOB_ONLY = {"enabled", "eval_seeds", "eval_margin", "eval_interference", "timeo
 
 
 class TrainingRunner:
-    def __init__(self, store: AnalysisStore, registry: RunStore, settings: Settings) -> None:
+    def __init__(self, store: AnalysisStore, runs: RunStore, settings: Settings) -> None:
         self.store = store
-        self.registry = registry
+        self.runs = runs
         self.settings = settings
         self.directory = settings.data_dir / "runs"
         self.subprocess = ModelSubprocess()
         self._pass_lock = threading.Lock()
 
     def recover(self) -> int:
-        requeued = self.registry.requeue_running()
+        requeued = self.runs.requeue_running()
         if requeued:
             log.info("%d interrupted training runs will resume", requeued)
         return requeued
@@ -56,14 +56,14 @@ class TrainingRunner:
         if not self._pass_lock.acquire(blocking=False):
             return None
         try:
-            run = self.registry.next_queued()
+            run = self.runs.next_queued()
             if run is None:
-                environment = self.registry.environment_to_train(
+                environment = self.runs.environment_to_train(
                     self.settings.validation.enabled, training.warm_start_examples > 0
                 )
                 if environment is None:
                     return None
-                run = self.registry.create_run(environment, self._config(environment), str(self.directory))
+                run = self.runs.create_run(environment, self._config(environment), str(self.directory))
             return self._execute(run)
         finally:
             self._pass_lock.release()
@@ -87,17 +87,17 @@ class TrainingRunner:
             "difficulty": validation.get("difficulty", environment["difficulty"]) if validated else environment["difficulty"],
             "tools": environment["tools"],
             "training": run["config"],
-            "replay": self.registry.replay_cases(run["capability"]),
+            "replay": self.runs.replay_cases(run["capability"]),
             **job_settings(self.settings),
         }
 
     def _execute(self, run: dict[str, Any]) -> int | None:
         run_id = run["run_id"]
-        environment = self.registry.environment(run["environment_id"])
+        environment = self.runs.environment(run["environment_id"])
         if environment is None:
-            self.registry.set_run_status(run_id, "queued", "failed", error=f"environment {run['environment_id']} is gone")
+            self.runs.set_run_status(run_id, "queued", "failed", error=f"environment {run['environment_id']} is gone")
             return run_id
-        if not self.registry.set_run_status(run_id, "queued", "running"):
+        if not self.runs.set_run_status(run_id, "queued", "running"):
             return None
         try:
             return self._train(run, environment)
@@ -120,7 +120,7 @@ class TrainingRunner:
                 directory / "stderr.log", self.settings.training.timeout_s,
             )  # fmt: skip
         except Stopped:
-            self.registry.set_run_status(run_id, "running", "queued")
+            self.runs.set_run_status(run_id, "running", "queued")
             return None
         except TimedOut as error:
             return self._fail(run, f"training {error}")
@@ -131,19 +131,19 @@ class TrainingRunner:
         if result["verdict"] == "candidate":
             manifest = Path(result["adapter"]) / "manifest.json"
             digest = hashlib.sha256(manifest.read_bytes()).hexdigest()
-            adapter_id = self.registry.add_candidate(run, result["adapter"], digest, result)
+            adapter_id = self.runs.add_candidate(run, result["adapter"], digest, result)
             if adapter_id is None:
                 return None  # the run was taken back (stopped) while its result was being read
             self._move(run["capability"], "candidate", f"adapter {adapter_id} (v{run['version']}) is a candidate: {_gain(evaluation)}")
         else:
-            self.registry.set_run_status(run_id, "running", "rejected_by_eval", result)
+            self.runs.set_run_status(run_id, "running", "rejected_by_eval", result)
             reason = f"run {run_id} rejected by evaluation: {'; '.join(evaluation['reasons'])}"
             self.store.start_cooldown(run["capability"], reason, self.settings.trigger.cooldown_hours)
         log.info("training run %d: %s (%s)", run_id, result["verdict"], _gain(evaluation))
         return run_id
 
     def _fail(self, run: dict[str, Any], error: str) -> int:
-        self.registry.set_run_status(run["run_id"], "running", "failed", error=error)
+        self.runs.set_run_status(run["run_id"], "running", "failed", error=error)
         self._move(run["capability"], "environment", f"training run {run['run_id']} failed: {error.splitlines()[-1]}")
         log.warning("training run %d failed: %s", run["run_id"], error)
         return run["run_id"]

@@ -90,7 +90,7 @@ class Promotion:
         self.settings = settings or Settings()
         # What the router's classifier reads about a capability: its description (default: its name).
         self.describe = describe or (lambda capability: capability)
-        self.registry = RunStore(store)
+        self.runs = RunStore(store)
         # Decisions take turns: a rollback by hand must not land between the promote job reading
         # what the router serves and loading what the registry wants (it would load it again).
         self.turn = threading.RLock()
@@ -98,19 +98,19 @@ class Promotion:
     # -- reads ---------------------------------------------------------------------------------
 
     def adapter(self, adapter_id: int) -> dict[str, Any]:
-        found = self.registry.adapter(adapter_id)
+        found = self.runs.adapter(adapter_id)
         if found is None:
             raise NotFound(f"no adapter {adapter_id}")
         return found
 
     def audit(self, adapter_id: int | None = None, limit: int = 200) -> list[dict[str, Any]]:
-        return self.registry.audit(adapter_id, limit)
+        return self.runs.audit(adapter_id, limit)
 
     def in_state(self, state: str) -> list[dict[str, Any]]:
-        return self.registry.adapters(state=state, limit=1_000_000)[::-1]
+        return self.runs.adapters(state=state, limit=1_000_000)[::-1]
 
     def _live_of(self, capability: str, other_than: int) -> dict[str, Any] | None:
-        return self.registry.live_adapter(capability, other_than)
+        return self.runs.live_adapter(capability, other_than)
 
     def routing(self, adapter: dict[str, Any]) -> dict[str, Any] | None:
         """For a canary or live adapter: its routed failure rate, what it is compared with, and the
@@ -148,7 +148,7 @@ class Promotion:
                 allowed = ", ".join(sorted(TRANSITIONS.get(from_state, frozenset()))) or "none (final state)"
                 raise IllegalTransition(f"adapter {adapter_id} is {from_state}; it cannot become {to_state} (legal: {allowed})")
 
-        moved = self.registry.transition(adapter_id, to_state, reason, actor, action or to_state, legal, columns)
+        moved = self.runs.transition(adapter_id, to_state, reason, actor, action or to_state, legal, columns)
         if moved is None:
             raise NotFound(f"no adapter {adapter_id}")
         from_state, capability = moved
@@ -169,7 +169,7 @@ class Promotion:
             return decision
 
     def record_error(self, adapter_id: int, error: str) -> None:
-        self.registry.record_error(adapter_id, error)
+        self.runs.record_error(adapter_id, error)
 
     # -- going live ----------------------------------------------------------------------------
 
@@ -177,16 +177,16 @@ class Promotion:
         """One pass of the promote job: the router first serves exactly the registry's live and
         canary set, then approved adapters go to it and canaries and live adapters are judged."""
         with self.turn:
-            if self.registry_has_served():
+            if self.has_served():
                 try:
                     self.reconcile(router)
                 except RouterError as error:  # down or restarting: approvals still record why they wait
                     log.warning("router not reconciled: %s", error)
             return self.promote_pass(router)
 
-    def registry_has_served(self) -> bool:
+    def has_served(self) -> bool:
         """Whether any version was ever handed to the router (so the router may hold adapters)."""
-        return self.registry.has_served()
+        return self.runs.has_served()
 
     def promote_pass(self, router: RouterClient) -> list[Decision]:
         """Load each approved adapter into the router (as a canary, or straight to all of its
@@ -310,7 +310,7 @@ class Promotion:
             if adapter["state"] == "canary":  # the previous version never stopped serving
                 router.unload(served_name(adapter))
                 return [self.move(adapter_id, "rolled_back", actor, reason, "rollback")]
-            restored = self.registry.retired_before(adapter["capability"], adapter["version"])
+            restored = self.runs.retired_before(adapter["capability"], adapter["version"])
             previous = [restored] if restored else []
             if previous:
                 router.load(served_name(previous[0]), previous[0]["capability"], previous[0]["version"], previous[0]["path"], self.describe(previous[0]["capability"]))

@@ -9,12 +9,11 @@ versions are immutable once written.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-from daemon.store.store import Store
+from daemon.store.sql import Tables
 
 RUN_STATES = ("queued", "running", "candidate", "rejected_by_eval", "failed")
 _JSON_COLUMNS = ("config", "result", "evaluation", "tools", "validation", "checks", "baseline")
@@ -28,11 +27,8 @@ def _decoded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-class RunStore:
+class RunStore(Tables):
     """Training runs, their environments and the adapters they produce: every statement on those tables."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
 
     # -- what to train -------------------------------------------------------------------------
 

@@ -19,7 +19,8 @@ import pyarrow as pa
 
 from daemon.core import metrics
 from daemon.core.settings import WriterSettings
-from daemon.store.store import LOG_SCHEMA, SPAN_SCHEMA, AppendResult, Store
+from daemon.store.store import Store
+from daemon.store.traces import LOG_SCHEMA, SPAN_SCHEMA, AppendResult
 
 log = logging.getLogger(__name__)
 

@@ -38,14 +38,14 @@ def decided(call: Callable[[], Any]) -> dict[str, Any]:
 
 @router.get("/api/adapters")
 def adapters(daemon: CurrentDaemon, capability: str | None = None, state: str | None = None) -> dict[str, Any]:
-    return {"items": daemon.adapter_registry.adapters(capability, state)}
+    return {"items": daemon.runs.adapters(capability, state)}
 
 
 @router.get("/api/adapters/{adapter_id}")
 def adapter(adapter_id: int, daemon: CurrentDaemon) -> dict[str, Any]:
     """One adapter version with its evaluation report and, for a canary or live version, its
     routed failure rate against what it is judged by."""
-    item = daemon.adapter_registry.adapter(adapter_id)
+    item = daemon.runs.adapter(adapter_id)
     if item is None:
         raise HTTPException(404, f"no adapter {adapter_id}")
     return {**item, "routing": daemon.promotion.routing(item)}

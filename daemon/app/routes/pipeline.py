@@ -33,7 +33,7 @@ def tools(daemon: CurrentDaemon, service: str | None = None) -> dict[str, Any]:
 def runs(daemon: CurrentDaemon, capability: str | None = None) -> dict[str, Any]:
     """Training runs, newest first, each with its latest GRPO step record (``progress``) and its
     latest record of any phase (``latest``: a warm-start update, a GRPO step, an evaluation part)."""
-    items = daemon.adapter_registry.runs(capability)
+    items = daemon.runs.runs(capability)
     for item in items:
         history = read_progress(item["directory"])
         steps = grpo_steps(history)
@@ -45,7 +45,7 @@ def runs(daemon: CurrentDaemon, capability: str | None = None) -> dict[str, Any]
 @router.get("/api/runs/{run_id}")
 def run(run_id: int, daemon: CurrentDaemon) -> dict[str, Any]:
     """One run with its step-by-step progress and, once finished, its evaluation report."""
-    item = daemon.adapter_registry.run(run_id)
+    item = daemon.runs.run(run_id)
     if item is None:
         raise HTTPException(404, f"no training run {run_id}")
     item["progress"] = read_progress(item["directory"])
