@@ -12,6 +12,7 @@ import streamlit as st
 
 from dashboard import charts, conversation
 from dashboard.page import PageContext, rate, show
+from daemon.app.client import ApiError
 from daemon.core.progress import grpo_steps, progress_text
 
 
@@ -69,30 +70,23 @@ def render_validation(environment: Mapping[str, Any], context: PageContext) -> N
         st.dataframe(pd.DataFrame(attempts), hide_index=True)
 
 
-def render_instance(environment: Mapping[str, Any]) -> None:
-    """One instance of the environment built from its stored family and tools, with a replay of its
-    ground-truth solution: what the model is asked to do and what earns full reward."""
-    from trainer.environment import Environment, load_tools, rollout, solution_policy
-    from trainer.families import load_families
-
-    families = load_families()
-    family = families.get(environment["family"])
-    if family is None:
-        st.caption(f"No environment family {environment['family']!r} is installed here; no instance to show.")
-        return
-    seed = st.number_input("seed", min_value=0, max_value=1_000_000, value=0, step=1, key=f"seed_{environment['environment_id']}")
-    difficulty = (environment.get("validation") or {}).get("difficulty", environment["difficulty"])
+def render_instance(environment: Mapping[str, Any], context: PageContext) -> None:
+    """One instance of the environment, built by the daemon from its stored family and tools, with a
+    replay of its ground-truth solution: what the model is asked to do and what earns full reward."""
+    identifier = environment["environment_id"]
+    seed = st.number_input("seed", min_value=0, max_value=1_000_000, value=0, step=1, key=f"seed_{identifier}")
     try:
-        built = Environment(family, load_tools(environment.get("tools") or []), difficulty)
-        instance = built.instance(int(seed))
-        episode = rollout(instance, solution_policy(instance))
-        hint = built.instance(int(seed)).hint()
-    except (ValueError, KeyError, TypeError) as error:
-        st.warning(f"This environment cannot be instantiated here: {error}", icon=":material/warning:")
+        instance = context.api.get(f"/api/environments/{identifier}/instance", seed=int(seed))
+    except ApiError as error:
+        if error.status not in (404, 409):  # an unreachable daemon is the page's error, not this panel's
+            raise
+        st.warning(f"No instance to show: {error.reason}", icon=":material/warning:")
         return
-    hint_text = f" · hint: {hint}" if hint else ""
-    st.caption(f"seed {int(seed)} · difficulty {difficulty} · solution reward {episode.reward:g}{hint_text}")
-    conversation.render(conversation.instance_turns(episode.messages))
+    hint_text = f" · hint: {instance['hint']}" if instance["hint"] else ""
+    st.caption(
+        f"seed {instance['seed']} · difficulty {instance['difficulty']} · solution reward {instance['solution_reward']:g}{hint_text}"
+    )
+    conversation.render(conversation.instance_turns(instance["messages"]))
 
 
 def render_environments(context: PageContext) -> None:
@@ -130,7 +124,7 @@ def render_environments(context: PageContext) -> None:
         render_validation(environment, context)
     with right:
         st.subheader("Sampled instance")
-        render_instance(environment)
+        render_instance(environment, context)
 
 
 def run_table(items: list[Mapping[str, Any]]) -> pd.DataFrame:

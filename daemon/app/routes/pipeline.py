@@ -1,13 +1,16 @@
-"""The training pipeline's records: training requests, environments, tool definitions, training runs."""
+"""The training pipeline's records: training requests, environments (and a sampled instance of one), tool
+definitions, training runs."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Query
 
 from daemon.app.routes.dependencies import CurrentDaemon
 from daemon.core.progress import grpo_steps, read_progress
+from trainer.environment import rollout, solution_policy
+from trainer.families import build_environment
 
 router = APIRouter()
 
@@ -21,6 +24,32 @@ def training_requests(daemon: CurrentDaemon, status: str | None = None) -> dict[
 def environments(daemon: CurrentDaemon, capability: str | None = None) -> dict[str, Any]:
     """Stored environment specs with their check reports."""
     return {"items": daemon.analysis_store.environments(capability)}
+
+
+@router.get("/api/environments/{environment_id}/instance")
+def environment_instance(environment_id: int, daemon: CurrentDaemon, seed: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
+    """One seeded instance of a stored environment, at the difficulty its gate settled on, with its
+    ground-truth solution played through: what the model is asked to do and what earns full reward."""
+    stored = daemon.runs.environment(environment_id)
+    if stored is None:
+        raise HTTPException(404, f"no environment {environment_id}")
+    difficulty = (stored.get("validation") or {}).get("difficulty", stored["difficulty"])
+    try:
+        environment = build_environment({**stored, "difficulty": difficulty})
+        instance = environment.instance(seed)
+        episode = rollout(instance, solution_policy(instance))
+        hint = environment.instance(seed).hint()
+    except (ValueError, KeyError, TypeError) as error:  # a family that is not installed, tools it cannot use
+        raise HTTPException(409, f"environment {environment_id} cannot be instantiated here: {error}") from None
+    return {
+        "environment_id": environment_id,
+        "family": environment.family.name,
+        "seed": seed,
+        "difficulty": environment.difficulty,
+        "solution_reward": episode.reward,
+        "hint": hint,
+        "messages": episode.messages,
+    }
 
 
 @router.get("/api/tools")
