@@ -3,8 +3,9 @@
 Inside `daemon/`, each stage imports only the stages below it:
 core → store → analysis → promotion → pipeline → app. The other top-level packages reach the
 daemon through its shared bottom (core, store) and the API client; the trainer also uses the
-capability model, because its replay judges adapter answers with the same labelers. Imports inside
-functions count too: a late import is still a dependency, so no two modules of the daemon import
+capability model, because its replay judges adapter answers with the same labelers. Among
+themselves, only the router imports another one (the trainer's adapter and gate code it serves
+with); none imports the dashboard or the collectors. Imports inside functions count too: a late import is still a dependency, so no two modules of the daemon import
 each other, not even late.
 """
 
@@ -26,6 +27,8 @@ DAEMON_ALLOWED = {
     "dashboard": ("daemon.core", "daemon.store", "daemon.app.client"),
     "trainer": ("daemon.core", "daemon.analysis.capabilities"),
 }
+# Which top-level packages other than daemon/ each of the others may import.
+PEERS_ALLOWED: dict[str, tuple[str, ...]] = {"collectors": (), "trainer": (), "router": ("trainer",), "dashboard": ()}
 # Which other top-level packages a daemon stage may import: the app composes the process, the
 # pipeline drives the trainer; the rest stay inside daemon/.
 OUTSIDE_ALLOWED = {"pipeline": ("trainer",), "app": PACKAGES}
@@ -89,7 +92,7 @@ def _violation(importer: str, imported: str) -> str | None:
         return None
     if top != "daemon":
         if target[0] != "daemon":
-            return None
+            return None if target[0] in PEERS_ALLOWED[top] else f"{top} may not import {target[0]}"
         allowed = DAEMON_ALLOWED.get(top, ())
         if len(target) == 1 or any(imported == prefix or imported.startswith(prefix + ".") for prefix in allowed):
             return None
@@ -131,6 +134,12 @@ def test_the_layer_check_catches_a_backward_import() -> None:
     assert _violation("dashboard.views.pipeline", "daemon.promotion.lifecycle")
     assert _violation("daemon.analysis.trigger", "trainer.environment")
     assert _violation("collectors.trajectories", "daemon.app.client")
+    assert _violation("dashboard.views.pipeline", "trainer.environment")
+    assert _violation("collectors.importer", "router.server")
+    assert _violation("router.server", "dashboard.page")
+    assert _violation("router.backend", "collectors.otlp")
+    assert _violation("trainer.replay", "router.backend")
+    assert _violation("router.backend", "trainer.adapters") is None
     assert _violation("daemon.app.api", "daemon.core.settings") is None
     assert _violation("router.server", "daemon.app.client") is None
     assert _violation("daemon.pipeline.synthesis", "trainer.families") is None
