@@ -27,6 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from daemon.app.demo import number_text, share_text  # noqa: E402
+from daemon.core.progress import grpo_added_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- demo_loop:begin -->", "<!-- demo_loop:end -->"
@@ -83,7 +84,9 @@ def render(report: dict[str, Any], command: str) -> str:
         f"Run of {report['seconds'] / 60:.1f} min (`--fast`: {report['settings']['fast']}, traffic {report['settings']['policy']} at "
         f"{report['settings']['rate']} conversations/s); training: warm start {training['warm_start_examples']} demonstrations × "
         f"{training['warm_start_epochs']} epochs, {training.get('warm_start_batch', 4)} per update, at learning rate "
-        f"{training['warm_start_learning_rate']:g}, {training['steps']} GRPO steps, {training['eval_seeds']} held-out seeds; "
+        f"{training['warm_start_learning_rate']:g}, recipe {training.get('recipe', 'sft+grpo')} with {training['steps']} GRPO steps of "
+        f"{training['groups_per_step']} × {training['group_size']} rollouts ({training.get('num_iterations', 1)} passes each), "
+        f"{training['eval_seeds']} held-out seeds; "
         f"the model-driven traffic {'waits' if report['settings'].get('hold_while_training') else 'goes on'} while an adapter trains.",
         "",
         "| what | measured |",
@@ -97,6 +100,8 @@ def render(report: dict[str, Any], command: str) -> str:
     for name, evaluation in report["candidates"].items():
         target = evaluation["target"]
         lines.append(f"| held-out, `{name}` | base {_score(target['base'])} → adapter {_score(target['adapter'])} |")
+        if added := grpo_added_text(evaluation.get("grpo_added")):
+            lines.append(f"| what GRPO added, `{name}` | {added} |")
     failure, lacking = report.get("failure", {}), report.get("lacking", {})
     lines.append(f"| model-driven task failure, before → after | {_rate(failure.get('before'))} → {_rate(failure.get('after'))} |")
     if lacking:

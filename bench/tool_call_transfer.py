@@ -23,7 +23,8 @@ from examples.airline.tools import TOOLS  # noqa: E402
 from trainer import model as models  # noqa: E402
 from trainer.environment import Environment, load_tools, parse_assistant, render_system_prompt  # noqa: E402
 from trainer.families import load_families  # noqa: E402
-from trainer.grpo import TrainConfig, train  # noqa: E402
+from daemon.core.settings import TrainingSettings  # noqa: E402
+from trainer.recipes import train  # noqa: E402
 
 
 def tool_calls(model: Any, tokenizer: Any, openings: list[str], system: str, max_new_tokens: int) -> int:
@@ -58,13 +59,14 @@ def main() -> None:
 
     torch.set_num_threads(arguments.threads)
     tools = load_tools(TOOLS)
-    config = TrainConfig(
-        steps=0, warm_start_examples=arguments.warm_start, warm_start_epochs=arguments.warm_start_epochs,
+    config = TrainingSettings(
+        recipe="sft", steps=0, warm_start_examples=arguments.warm_start, warm_start_epochs=arguments.warm_start_epochs,
         warm_start_learning_rate=arguments.warm_start_lr, max_new_tokens=arguments.max_new_tokens, threads=arguments.threads,
     )  # fmt: skip
     model_dir = models.resolve(arguments.model, Path(arguments.cache))
     environment = Environment(load_families()["tool_call_precision"], tools)
-    model, tokenizer, report = train(environment, model_dir, Path(arguments.output), config)
+    trained = train(environment, model_dir, Path(arguments.output), config)
+    model, tokenizer, report = trained.model, trained.tokenizer, trained.report
     openings = [task.opening for task in make_tasks(Database.generate(0), arguments.conversations, 0)]
     system = render_system_prompt(SYSTEM_INSTRUCTIONS, tools).lstrip()  # as the router renders the agent's request
     with model.disable_adapter():

@@ -27,7 +27,8 @@ from trainer import model as models  # noqa: E402
 from trainer.environment import Environment, Family, Instance, Tool, load_tools  # noqa: E402
 from trainer.evaluation import score  # noqa: E402
 from trainer.families import load_families  # noqa: E402
-from trainer.grpo import TrainConfig, train  # noqa: E402
+from trainer.recipes import train  # noqa: E402
+from daemon.core.settings import TrainingSettings  # noqa: E402
 from trainer.rollouts import Sampling  # noqa: E402
 
 
@@ -56,8 +57,13 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
     target = Environment(families[arguments.capability], tools)
     sampling = Sampling(arguments.max_new_tokens, 0.0)
     seeds = range(arguments.eval_seeds)
-    config = TrainConfig(
+    config = TrainingSettings(
+        recipe=arguments.recipe,
         steps=arguments.steps,
+        micro_batch=arguments.micro_batch,
+        num_iterations=arguments.num_iterations,
+        guided_share=arguments.guided_share,
+        eval_seeds=arguments.eval_seeds,
         group_size=arguments.group_size,
         groups_per_step=arguments.groups,
         max_new_tokens=arguments.max_new_tokens,
@@ -72,7 +78,8 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
     )
     output = Path(arguments.output)
     started = time.monotonic()
-    model, tokenizer, report = train(target, model_dir, output / "adapter", config, progress=lambda record: print(json.dumps(record), flush=True))
+    trained = train(target, model_dir, output / "adapter", config, progress=lambda record: print(json.dumps(record), flush=True))
+    model, tokenizer, report = trained.model, trained.tokenizer, trained.report
     trained_s = time.monotonic() - started
     with model.disable_adapter():
         base = score(model, tokenizer, target, seeds, sampling)
@@ -87,7 +94,9 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
         "capability": arguments.capability,
         "tools": arguments.tools,
         "model": arguments.model,
-        "config": config.to_dict(),
+        "config": config.model_dump(mode="json"),
+        "recipe": report["recipe"],
+        "tried": report["tried"],
         "train_seconds": round(trained_s, 1),
         "warm_start": report["warm_start"],
         "rollouts": report["rollouts"],
@@ -104,13 +113,13 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
         # The same budget of episodes: the adapter's rollouts plus its demonstrations.
         episodes = report["rollouts"] + config.warm_start_examples
         per_step = config.groups_per_step * config.group_size
-        plain = TrainConfig.from_dict(
-            {**config.to_dict(), "warm_start_examples": 0, "hint_share": 0.0, "steps": max(1, -(-episodes // per_step))}
+        plain = config.model_copy(
+            update={"recipe": "grpo", "warm_start_examples": 0, "hint_share": 0.0, "steps": max(1, -(-episodes // per_step))}
         )
-        baseline_model, tokenizer, baseline_report = train(mixed, model_dir, output / "baseline", plain)
+        baseline = train(mixed, model_dir, output / "baseline", plain)
         result["baseline"] = {
-            "rollouts": baseline_report["rollouts"],
-            "score": score(baseline_model, tokenizer, target, seeds, sampling),
+            "rollouts": baseline.report["rollouts"],
+            "score": score(baseline.model, baseline.tokenizer, target, seeds, sampling),
         }
     return result
 
@@ -122,7 +131,11 @@ def main() -> None:
     parser.add_argument("--model", default=models.EMBEDDED)
     parser.add_argument("--cache", default=".tracefix/models")
     parser.add_argument("--output", default=".tracefix/bench-train")
+    parser.add_argument("--recipe", default="sft+grpo", choices=["auto", "sft", "sft+grpo", "guided_grpo", "grpo"])
     parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--micro-batch", type=int, default=2, help="rollouts per forward and backward pass of a GRPO update")
+    parser.add_argument("--num-iterations", type=int, default=2, help="optimisation passes over each step's rollouts")
+    parser.add_argument("--guided-share", type=float, default=0.5, help="guided_grpo: share of each group with a forced solution prefix")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--warm-start", type=int, default=48, help="ground-truth demonstrations for the warm start")

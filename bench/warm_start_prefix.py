@@ -20,7 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import airline_model  # noqa: E402
-from trainer.grpo import TrainConfig, lora_config  # noqa: E402
+from daemon.core.settings import TrainingSettings  # noqa: E402
+from trainer.recipes import lora_config  # noqa: E402
 from trainer.rollouts import demonstration  # noqa: E402
 
 
@@ -36,7 +37,7 @@ def main() -> None:
     from trainer.shared_prefix import shared_prefix_length, shared_prefix_loss
 
     tokenizer, base, environment = airline_model.load(arguments)
-    model = get_peft_model(base, lora_config(TrainConfig()))
+    model = get_peft_model(base, lora_config(TrainingSettings()))
     model.train()
 
     def batch(seeds: range) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -116,20 +116,27 @@ def trend(history: Iterable[Mapping[str, Any]], field: str, threshold: float | N
 
 def training_curves(progress: Iterable[Mapping[str, Any]]) -> alt.Chart:
     """Mean reward and success rate per optimisation step of a run."""
+    return _step_curves(progress, (("mean reward", "mean_reward"), ("success rate", "success_rate")), domain=(0, 1))
+
+
+def clipping(progress: Iterable[Mapping[str, Any]]) -> alt.Chart:
+    """Per GRPO step: the share of policy tokens the clipped surrogate held back (the highest of the
+    step's passes) and the KL to the adapter GRPO started from."""
+    return _step_curves(progress, (("clipped tokens", "clip_fraction_max"), ("KL to start", "kl")))
+
+
+def _step_curves(progress: Iterable[Mapping[str, Any]], curves: tuple[tuple[str, str], ...], domain: tuple[float, float] | None = None) -> alt.Chart:
     frame = pd.DataFrame(
-        [
-            {"step": record["step"], "curve": name, "value": record.get(key)}
-            for record in progress
-            for name, key in (("mean reward", "mean_reward"), ("success rate", "success_rate"))
-        ],
+        [{"step": record["step"], "curve": name, "value": record.get(key)} for record in progress for name, key in curves],
         columns=["step", "curve", "value"],
     )
+    scale = alt.Scale(domain=list(domain)) if domain else alt.Undefined
     return (
         alt.Chart(frame)
         .mark_line(point=True)
         .encode(
             x=alt.X("step:Q", title="step"),
-            y=alt.Y("value:Q", title=None, scale=alt.Scale(domain=[0, 1])),
+            y=alt.Y("value:Q", title=None, scale=scale),
             color=alt.Color("curve:N", title=None),
             tooltip=["step", "curve", alt.Tooltip("value:Q", format=".3f")],
         )

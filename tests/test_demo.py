@@ -107,6 +107,10 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
     assert (report["settings"]["minutes"], report["settings"]["after"]) == (12, 3)  # how it was run, for bench/demo_loop.py
     assert report["selected"]["tool_call_precision"]["delta"] > 0
     assert "target" in report["candidates"]["tool_call_precision@v1"]
+    # The demo trains a warm start and then GRPO, and every run measures what GRPO added on the same seeds.
+    assert report["settings"]["training"]["recipe"] == "sft+grpo" and report["settings"]["training"]["steps"] > 0
+    added = report["candidates"]["tool_call_precision@v1"]["grpo_added"]
+    assert added["seeds"] == 2 and "GRPO added" in output[output.find("candidate ready") :].splitlines()[0]
     failure = report["failure"]
     assert failure["after"]["total"] >= 3 and failure["before"]["total"] == int(before.split(" on ")[1])
     assert set(failure) == set(report["lacking"]) == {"before", "canary", "after"}

@@ -1,5 +1,7 @@
-"""GRPO through TRL with tracefix's rollouts: the advantages and masks TRL trains on are the paper's,
-token by token; a tiny model learns a trivially learnable environment; a killed run resumes.
+"""GRPO with tracefix's rollouts: the advantages and masks it trains on are the paper's, token by
+token; micro-batched updates equal one batch; several passes make the clip bind; a tiny model learns
+a trivially learnable environment; a killed run resumes; each recipe trains and names itself, and
+'auto' keeps the better one.
 
 The tiny models here are random 2-layer Llamas with SmolLM2's tokenizer (seconds per step)."""
 
@@ -14,19 +16,26 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from pydantic import ValidationError
 
-pytest.importorskip("trl")
-
-from tests.learnable import LetterFamily  # noqa: E402
-from trainer import model as models  # noqa: E402
-from trainer.environment import Environment, load_tools  # noqa: E402
-from trainer.families import load_families  # noqa: E402
-from trainer.grpo import TrainConfig, advantages, build_trainer, group_stats, latest_checkpoint, train  # noqa: E402
-from trainer.rollouts import ChatTokens, Sampling, demonstration, generate_rollouts  # noqa: E402
+from daemon.core.settings import TrainingSettings
+from tests.learnable import LetterFamily
+from trainer import model as models
+from trainer.environment import Environment, load_tools
+from trainer.families import load_families
+from trainer.grpo import _groups, advantages, group_stats, latest_checkpoint, optimise, take_rollouts
+from trainer.recipes import load_policy, lora_state, train
+from trainer.rollouts import ChatTokens, Sampling, demonstration, generate_rollouts
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = load_tools(json.loads((Path(__file__).parent / "fixtures" / "tools" / "airline.json").read_text()))
 LETTER = Environment(LetterFamily(), [], 1)
+
+
+def _config(**values: object) -> TrainingSettings:
+    """One-token turns on the letter environment; no warm start unless asked."""
+    return TrainingSettings(**{"max_new_tokens": 1, "warm_start_examples": 0, "recipe": "grpo", "eval_seeds": 8, **values})
 
 
 @pytest.fixture(scope="module")
@@ -44,31 +53,58 @@ def test_advantages_are_group_normalised_by_hand() -> None:
     assert stats.groups == 0 and stats.zero_variance_groups == 0
 
 
-def test_the_recipe_is_named_from_the_configuration() -> None:
-    assert TrainConfig(steps=0, warm_start_examples=24).recipe == "sft"
-    assert TrainConfig(steps=5, warm_start_examples=24).recipe == "sft+grpo"
-    assert TrainConfig(steps=5, warm_start_examples=0).recipe == "grpo"
+def test_the_recipes_a_configuration_can_run() -> None:
+    assert TrainingSettings(recipe="auto", steps=0, warm_start_examples=24).recipes == ("sft",)
+    assert TrainingSettings(recipe="auto", steps=5, warm_start_examples=24).recipes == ("sft", "sft+grpo", "guided_grpo", "grpo")
+    assert TrainingSettings(recipe="auto", steps=5, warm_start_examples=0).recipes == ("guided_grpo", "grpo")
+    assert TrainingSettings(recipe="guided_grpo").recipes == ("guided_grpo",)
+    for bad in ({"recipe": "sft", "warm_start_examples": 0}, {"recipe": "grpo", "steps": 0}, {"steps": 0, "warm_start_examples": 0}):
+        with pytest.raises(ValidationError):
+            TrainingSettings(**bad)
+    # Held-out, validation, warm-start and training seeds never overlap.
+    config = TrainingSettings(eval_seeds=50, validation_seeds=8, warm_start_examples=48)
+    assert config.validation_range.start >= 50 and config.validation_range.stop == config.warm_start_range.start
+    assert config.warm_start_range.stop == config.train_seed_offset
 
 
-def test_trl_trains_on_our_rewards_masks_and_plain_prompts(peaked: Path, tmp_path: Path) -> None:
-    config = TrainConfig(steps=1, group_size=4, groups_per_step=2, max_new_tokens=1, hint_share=0.5)
-    trainer, callback, _ = build_trainer(LETTER, peaked, tmp_path, config)
-    batch = trainer._generate_and_score_completions([{"prompt": f"seed {seed}"} for seed in (5, 5, 5, 5, 6, 6, 6, 6)])
-    rollouts = callback.rollouts.last_rollouts
-    rewards = [item.rollout.reward for item in rollouts]
-    assert batch["advantages"].tolist() == pytest.approx(advantages(rewards, 4), abs=1e-4)
-    stats = callback.rollouts.last
-    assert stats.zero_variance_groups == sum(len(set(rewards[i : i + 4])) == 1 for i in (0, 4))
-    # Two of each group's four rollouts were sampled with the hint, all are trained on the plain prompt.
+def test_a_step_trains_on_our_rewards_masks_and_plain_prompts(peaked: Path) -> None:
+    config = _config(group_size=4, groups_per_step=2, hint_share=0.5)
+    model, tokenizer = load_policy(peaked, config)
+    rollouts = take_rollouts(model, tokenizer, LETTER, config, step=0, guided_share=0.25)
+    # Per group: two hinted rollouts, then one guided, then one plain; all trained on the plain prompt.
     assert [item.hinted for item in rollouts] == [True, True, False, False] * 2
-    chat = ChatTokens(trainer.processing_class)
-    plain = chat.opening(LETTER.instance(5).reset())
-    for row, item in enumerate(rollouts[:4]):
-        prompt = batch["prompt_ids"][row][batch["prompt_mask"][row].bool()].tolist()
-        assert prompt == plain and "Hint" not in trainer.processing_class.decode(prompt)
-        width = len(item.completion_ids)
-        assert batch["completion_ids"][row][:width].tolist() == item.completion_ids
-        assert batch["tool_mask"][row][:width].tolist() == item.env_mask
+    assert [item.forced_tokens > 0 for item in rollouts] == [False, False, True, False] * 2
+    plain = ChatTokens(tokenizer).opening(LETTER.instance(config.train_seed_offset).reset())
+    assert rollouts[0].prompt_ids == plain and "Hint" not in tokenizer.decode(rollouts[0].prompt_ids)
+    rewards = [item.rollout.reward for item in rollouts]
+    groups = _groups(rollouts, config)
+    kept = [index for index in (0, 4) if len(set(rewards[index : index + 4])) > 1]
+    assert len(groups) == len(kept) == 2 - group_stats(rollouts, 4).zero_variance_groups
+    for (prompt, completions), start in zip(groups, kept, strict=True):
+        assert prompt == rollouts[start].prompt_ids
+        assert [item.advantage for item in completions] == pytest.approx(advantages(rewards, 4)[start : start + 4])
+        assert [item.mask for item in completions] == [item.env_mask for item in rollouts[start : start + 4]]
+
+
+def test_a_micro_batched_update_is_the_update_of_one_batch(peaked: Path) -> None:
+    results = []
+    for micro_batch in (1, 4):
+        config = _config(group_size=4, groups_per_step=2, micro_batch=micro_batch, num_iterations=2, learning_rate=1e-2)
+        model, tokenizer = load_policy(peaked, config)
+        with torch.no_grad():  # a fresh LoRA's B is zero; start both from the same non-zero adapter
+            generator = torch.Generator().manual_seed(1)
+            for name, parameter in model.named_parameters():
+                if "lora_B" in name:
+                    parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+        groups = _groups(take_rollouts(model, tokenizer, LETTER, config, step=0, guided_share=0.0), config)
+        assert groups, "the step had no group with reward variance"
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=0.0)
+        update = optimise(model, optimizer, groups, config)
+        results.append((update, lora_state(model)))
+    (one, weights_one), (four, weights_four) = results
+    assert one["loss"] == pytest.approx(four["loss"], abs=1e-5) and one["ratio_mean"] == pytest.approx(four["ratio_mean"], abs=1e-5)
+    for name, tensor in weights_one.items():
+        torch.testing.assert_close(tensor, weights_four[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_environment_tokens_are_masked_token_by_token(smollm2_tokenizer: object) -> None:
@@ -100,29 +136,55 @@ def test_environment_tokens_are_masked_token_by_token(smollm2_tokenizer: object)
     assert tokenizer.decode(layout.prompt_ids + layout.completion_ids) == rendered.rstrip("\n")
 
 
-def test_a_tiny_model_learns_a_trivially_learnable_environment(peaked: Path, tmp_path: Path) -> None:
+def test_a_tiny_model_learns_a_trivially_learnable_environment_and_the_clip_binds(peaked: Path, tmp_path: Path) -> None:
     def success(model, tokenizer) -> float:  # type: ignore[no-untyped-def]
         rollouts = generate_rollouts(model, tokenizer, [LETTER.instance(seed) for seed in range(64)], Sampling(max_new_tokens=1), seed=3)
         return sum(item.rollout.success for item in rollouts) / len(rollouts)
 
     base, tokenizer = models.load(str(peaked), tmp_path / "cache")
     before = success(base, tokenizer)
-    config = TrainConfig(steps=8, group_size=4, groups_per_step=4, max_new_tokens=1, learning_rate=2e-2, save_steps=100)
-    model, tokenizer, report = train(LETTER, peaked, tmp_path / "run", config)
-    after = success(model, tokenizer)
+    config = _config(steps=8, group_size=4, groups_per_step=4, learning_rate=2e-2, save_steps=100, num_iterations=2)
+    trained = train(LETTER, peaked, tmp_path / "run", config)
+    report = trained.report
+    after = success(trained.model, trained.tokenizer)
     assert 0.2 < before < 0.8  # the groups had variance to learn from
     assert after >= before + 0.15, (before, after, [step["mean_reward"] for step in report["steps"]])
     assert [step["step"] for step in report["steps"]] == list(range(1, 9))
-    assert report["rollouts"] == 8 * 16
+    assert report["rollouts"] == 8 * 16 and report["recipe"] == "grpo" and trained.warm_started is None
+    # The second pass over each step's rollouts moves the ratio off 1, and the clip binds somewhere;
+    # the policy moves away from where GRPO started.
+    assert any(step["clip_fraction_max"] > 0 for step in report["steps"] if "clip_fraction_max" in step)
+    assert any(abs(step["ratio_mean"] - 1) > 1e-4 for step in report["steps"])
+    assert report["steps"][0]["kl"] == 0 and report["steps"][-1]["kl"] > 0
+
+
+def test_guided_rollouts_start_from_the_solution_and_train_its_tokens(tiny_model: Path) -> None:
+    config = _config(max_new_tokens=8)
+    model, tokenizer = load_policy(tiny_model, config)
+    environment = Environment(load_families()["precondition_verification"], TOOLS)
+    instances = [environment.instance(seed) for seed in range(6)]
+    solution = [demonstration(tokenizer, environment.instance(seed)) for seed in range(6)]
+    rollouts = generate_rollouts(model, tokenizer, instances, Sampling(8, 1.0), guided=[True] * 6, seed=4)
+    lengths = set()
+    for item, reference in zip(rollouts, solution, strict=True):
+        forced = item.forced_tokens
+        assert forced > 0
+        lengths.add(forced)
+        # The forced tokens are the solution's first policy tokens, in order, and they are trained.
+        trained = [token for token, flag in zip(item.completion_ids, item.env_mask, strict=True) if flag]
+        expected = [token for token, flag in zip(reference.completion_ids, reference.env_mask, strict=True) if flag]
+        assert trained[:forced] == expected[:forced]
+    assert len(lengths) > 1  # the prefix length is drawn per episode
 
 
 RESUMABLE = """
 import sys
 from pathlib import Path
+from daemon.core.settings import TrainingSettings
 from tests.learnable import LetterFamily
 from trainer.environment import Environment
-from trainer.grpo import TrainConfig, train
-config = TrainConfig(steps=6, group_size=4, groups_per_step=1, max_new_tokens=1, save_steps=1)
+from trainer.recipes import train
+config = TrainingSettings(recipe="grpo", steps=6, group_size=4, groups_per_step=1, max_new_tokens=1, save_steps=1, warm_start_examples=0)
 train(Environment(LetterFamily(), [], 1), Path(sys.argv[1]), Path(sys.argv[2]), config, progress=lambda r: print(r, flush=True))
 """
 
@@ -134,14 +196,38 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(peaked: Path, tmp_path: P
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (run / "checkpoints" / "checkpoint-3" / "trainer_state.json").exists():
+    checkpoints = run / "checkpoints" / "grpo"
+    while time.monotonic() < deadline and not (checkpoints / "checkpoint-3" / "trainer_state.json").exists():
         time.sleep(0.2)
     os.kill(process.pid, signal.SIGKILL)
     process.wait(timeout=30)
-    reached = latest_checkpoint(run / "checkpoints")
+    reached = latest_checkpoint(checkpoints)
     assert reached is not None and int(reached.name.split("-")[1]) >= 3
-    config = TrainConfig(steps=6, group_size=4, groups_per_step=1, max_new_tokens=1, save_steps=1)
-    _, _, report = train(LETTER, peaked, run, config)
+    config = _config(steps=6, group_size=4, groups_per_step=1, save_steps=1)
+    report = train(LETTER, peaked, run, config).report
     assert report["resumed_from"] == reached.name
     done = int(reached.name.split("-")[1])
-    assert [step["step"] for step in report["steps"]] == list(range(done + 1, 7))
+    assert [step["step"] for step in report["steps"]] == list(range(1, 7))  # the history travels with the checkpoint
+    assert len(report["steps"]) == 6 and report["rollouts"] == 6 * 4
+    assert done < 6
+
+
+def test_auto_tries_each_recipe_and_keeps_the_one_that_validates_best(peaked: Path, tmp_path: Path) -> None:
+    # The warm start learns the letter outright; GRPO at a learning rate this small cannot move, so
+    # the GRPO-only recipes stay where the base is, and sft+grpo ties with sft (the cheaper is kept).
+    config = _config(
+        recipe="auto", steps=1, group_size=4, groups_per_step=1, learning_rate=1e-12, warm_start_examples=16,
+        warm_start_epochs=3, warm_start_learning_rate=5e-2, warm_start_batch=4, validation_seeds=24,
+    )  # fmt: skip
+    progress: list[dict[str, object]] = []
+    trained = train(LETTER, peaked, tmp_path / "run", config, progress.append)
+    tried = {item["recipe"]: item for item in trained.report["tried"]}
+    assert list(tried) == ["sft", "sft+grpo", "guided_grpo", "grpo"]
+    scores = {recipe: item["validation"]["success_rate"] for recipe, item in tried.items()}
+    assert scores["sft"] >= scores["grpo"] + 0.3, scores
+    assert trained.report["recipe"] == "sft" and trained.report["warm_start"]["examples"] == 16
+    assert "warm_start" not in tried["sft+grpo"]  # it went on from the sft trial's weights
+    assert {record["recipe"] for record in progress if record.get("phase") == "recipe"} == set(tried)
+    # A stopped run keeps its finished trials: running again trains nothing new.
+    again = train(LETTER, peaked, tmp_path / "run", config)
+    assert [item["recipe"] for item in again.report["tried"]] == list(tried) and again.report["recipe"] == "sft"

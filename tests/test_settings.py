@@ -131,14 +131,17 @@ def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
         load_settings(tmp_path / "absent.toml", environ={})
 
 
-def test_gpu_settings_reach_the_training_config_from_the_file_and_the_environment(tmp_path: Path) -> None:
+def test_training_settings_reach_the_trainer_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    from daemon.core.settings import TrainingSettings
     from daemon.pipeline.training_runner import train_config
-    from trainer.grpo import TrainConfig
 
     path = tmp_path / "gpu.toml"
-    path.write_text("[training]\ngrpo_args = { bf16 = true }\nlora_dropout = 0.05\n")
-    config = TrainConfig.from_dict(train_config(load_settings(path, environ={})))
-    assert config.grpo_args == {"bf16": True} and config.lora_dropout == 0.05
-    environ = {"TRACEFIX_TRAINING_GRPO_ARGS": '{"use_vllm": true, "vllm_mode": "colocate"}'}
-    merged = TrainConfig.from_dict(train_config(load_settings(path, environ=environ))).grpo_args
-    assert merged == {"bf16": True, "use_vllm": True, "vllm_mode": "colocate"}  # tables merge, as the file's do
+    path.write_text('[training]\ndtype = "bfloat16"\nlora_dropout = 0.05\n[model]\nmax_new_tokens = 77\nthreads = 3\n')
+    config = TrainingSettings.model_validate(train_config(load_settings(path, environ={})))
+    assert config.dtype == "bfloat16" and config.lora_dropout == 0.05
+    assert config.new_tokens == 77 and config.threads == 3  # [model]'s, where [training] leaves them 0
+    environ = {"TRACEFIX_TRAINING_RECIPE": "sft+grpo", "TRACEFIX_TRAINING_MAX_NEW_TOKENS": "40"}
+    config = TrainingSettings.model_validate(train_config(load_settings(path, environ=environ)))
+    assert config.recipe == "sft+grpo" and config.new_tokens == 40 and config.dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="recipe"):
+        load_settings(path, environ={"TRACEFIX_TRAINING_RECIPE": "sft", "TRACEFIX_TRAINING_WARM_START_EXAMPLES": "0"})

@@ -29,7 +29,7 @@ from trainer.families import load_families  # noqa: E402
 DEFINITIONS = json.loads((REPO / "tests" / "fixtures" / "tools" / "retail.json").read_text())
 FAMILY = load_families()["tool_call_precision"]
 TINY_TRAINING = {
-    "steps": 1, "group_size": 2, "groups_per_step": 1, "warm_start_examples": 2, "warm_start_epochs": 1,
+    "recipe": "sft+grpo", "steps": 1, "group_size": 2, "groups_per_step": 1, "warm_start_examples": 2, "warm_start_epochs": 1,
     "warm_start_batch": 1, "eval_seeds": 3, "eval_margin": 0.0, "eval_interference": False, "save_steps": 1,
 }  # fmt: skip
 
@@ -66,15 +66,21 @@ def test_a_planted_gap_ends_as_a_verified_candidate_adapter_with_no_manual_step(
     assert run["result"]["training"]["recipe"] == "sft+grpo"  # a warm start, then GRPO steps
     # Progress in order: each warm-start update, the GRPO step, then each part of the evaluation.
     phases = [record.get("phase") for record in run["progress"]]
-    assert phases == ["warm_start", "warm_start", "grpo", "evaluation", "evaluation", "evaluation"], run["progress"]
+    assert phases == ["warm_start", "warm_start", "grpo", "evaluation", "evaluation", "evaluation", "evaluation"], run["progress"]
     assert [(record["step"], record["max_steps"]) for record in run["progress"][:2]] == [(1, 2), (2, 2)]
     assert all(record["loss"] >= 0 for record in run["progress"][:2])
     assert run["progress"][2]["step"] == 1
     assert {"mean_reward", "success_rate", "zero_variance_groups", "loss", "elapsed_s"} <= set(run["progress"][2])
     cases = run["result"]["evaluation"]["replay"]["cases"]
     assert [record["part"] for record in run["progress"][3:]] == [
-        "precondition_verification: base", "precondition_verification: adapter", f"replay of {cases} failed openings"
+        "precondition_verification: base", "precondition_verification: adapter",
+        "precondition_verification: warm start alone", f"replay of {cases} failed openings",
     ]  # fmt: skip
+    # What GRPO added to the warm start, seed by seed on the held-out seeds.
+    added = run["result"]["evaluation"]["grpo_added"]
+    assert added["seeds"] == 3 and added["both"] + added["neither"] + added["after_only"] + added["before_only"] == 3
+    assert added["after"] == run["result"]["evaluation"]["target"]["adapter"]["success_rate"]
+    assert added["interval"][0] <= added["difference"] <= added["interval"][1] and 0 <= added["mcnemar_p"] <= 1
     target = run["result"]["evaluation"]["target"]
     replayed = run["result"]["evaluation"]["replay"]
     assert replayed["cases"] > 0 and len(replayed["items"]) == replayed["cases"]
@@ -158,14 +164,14 @@ def test_a_run_stopped_with_the_daemon_is_requeued_and_resumes_from_its_checkpoi
     import threading
 
     store, analysis, runs = runner_store
-    runner = _runner(store, analysis, runs, tiny_model, steps=3, warm_start_examples=0)
+    runner = _runner(store, analysis, runs, tiny_model, recipe="grpo", steps=3, warm_start_examples=0)
     worker = threading.Thread(target=runner.run_pass)
     worker.start()
     deadline = time.monotonic() + 120
     checkpoint = None
     while time.monotonic() < deadline and checkpoint is None:
         listed = runs.runs()
-        if listed and (Path(listed[0]["directory"]) / "checkpoints" / "checkpoint-1" / "trainer_state.json").exists():
+        if listed and (Path(listed[0]["directory"]) / "checkpoints" / "grpo" / "checkpoint-1" / "trainer_state.json").exists():
             checkpoint = listed[0]
         time.sleep(0.2)
     runner.stop()
@@ -173,7 +179,7 @@ def test_a_run_stopped_with_the_daemon_is_requeued_and_resumes_from_its_checkpoi
     assert checkpoint is not None and not _training_processes()
     assert runs.run(checkpoint["run_id"])["status"] == "queued"
     # A new daemon picks the queued run up again; it resumes instead of starting over.
-    again = _runner(store, analysis, runs, tiny_model, steps=3, warm_start_examples=0)
+    again = _runner(store, analysis, runs, tiny_model, recipe="grpo", steps=3, warm_start_examples=0)
     assert again.run_pass() == checkpoint["run_id"]
     finished = runs.run(checkpoint["run_id"])
     assert finished["status"] == "candidate", finished["error"]
@@ -191,7 +197,7 @@ def test_tracefix_train_runs_one_in_the_foreground_on_a_tools_file(tmp_path: Pat
     environ = {
         **os.environ, "TRACEFIX_STORE_PATH": str(tmp_path / "tracefix.duckdb"), "TRACEFIX_TRAINING_GROUP_SIZE": "2",
         "TRACEFIX_TRAINING_GROUPS_PER_STEP": "1", "TRACEFIX_TRAINING_EVAL_INTERFERENCE": "false",
-        "TRACEFIX_TRAINING_EVAL_MARGIN": "0", "TRACEFIX_MODEL_MAX_NEW_TOKENS": "8",
+        "TRACEFIX_TRAINING_EVAL_MARGIN": "0", "TRACEFIX_MODEL_MAX_NEW_TOKENS": "8", "TRACEFIX_TRAINING_RECIPE": "sft+grpo",
     }  # fmt: skip
     command = [
         sys.executable, "-m", "daemon.app.cli", "train", "tool_call_precision", "--tools", str(REPO / "tests" / "fixtures" / "tools" / "retail.json"),
@@ -220,4 +226,9 @@ def test_a_runs_progress_is_told_by_its_phase() -> None:
     assert progress_text(step) == "GRPO step 2/4, reward 0.25, 10 s"
     assert progress_text({**step, "phase": "grpo", "max_steps": None, "mean_reward": None}, steps=8) == "GRPO step 2/8, reward n/a, 10 s"
     assert progress_text(evaluation) == "evaluating (tool_call_precision: base), 5 s into the evaluation"
+    passes = {**step, "phase": "grpo", "clip_fraction_max": 0.125, "kl": 0.0031}
+    assert progress_text(passes) == "GRPO step 2/4, reward 0.25, clipped 12%, KL 0.0031, 10 s"
+    trying = {"phase": "recipe", "recipe": "guided_grpo", "elapsed_s": 30.0}
+    assert progress_text(trying) == "trying recipe guided_grpo, 30 s"
+    assert progress_text({**trying, "validation": {"success_rate": 0.375}}) == "recipe guided_grpo: validation success 0.38, 30 s"
     assert grpo_steps([warm, step, {**step, "phase": "grpo", "step": 3}, evaluation]) == [step, {**step, "phase": "grpo", "step": 3}]

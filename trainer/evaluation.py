@@ -13,8 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from daemon.core.intervals import Z95, wilson
+from daemon.core.intervals import Z95, mcnemar_p, paired_difference, wilson
 from trainer.environment import Environment
+from trainer.grpo import adapter_weights
 from trainer.rollouts import Sampling, generate_rollouts
 
 def mean_interval(values: list[float], z: float = Z95) -> tuple[float, float]:
@@ -47,6 +48,13 @@ class Score:
 
 def score(model: Any, tokenizer: Any, environment: Environment, seeds: Sequence[int], sampling: Sampling, batch: int = 16) -> Score:
     """Greedy rollouts on ``seeds``, ``batch`` episodes per lockstep pass."""
+    return Score.of(*play(model, tokenizer, environment, seeds, sampling, batch))
+
+
+def play(
+    model: Any, tokenizer: Any, environment: Environment, seeds: Sequence[int], sampling: Sampling, batch: int = 16
+) -> tuple[list[float], list[bool]]:
+    """Each seed's reward and success, greedy, ``batch`` episodes per lockstep pass."""
     greedy = Sampling(sampling.max_new_tokens, 0.0, max_turns=sampling.max_turns, max_length=sampling.max_length)
     rewards: list[float] = []
     successes: list[bool] = []
@@ -56,7 +64,22 @@ def score(model: Any, tokenizer: Any, environment: Environment, seeds: Sequence[
         for item in generate_rollouts(model, tokenizer, chunk, greedy):
             rewards.append(item.rollout.reward)
             successes.append(item.rollout.success)
-    return Score.of(rewards, successes)
+    return rewards, successes
+
+
+def paired(before: Sequence[bool], after: Sequence[bool]) -> dict[str, Any]:
+    """Success on the same seeds before and after a change: the counts of each kind of pair, the
+    difference of the rates with its 95 % interval (Newcombe, paired) and McNemar's exact p."""
+    after_only = sum(b and not a for a, b in zip(before, after, strict=True))
+    before_only = sum(a and not b for a, b in zip(before, after, strict=True))
+    both = sum(a and b for a, b in zip(before, after, strict=True))
+    neither = len(before) - after_only - before_only - both
+    delta, low, high = paired_difference(after_only, before_only, both, neither)
+    return {
+        "seeds": len(before), "before": round(sum(before) / max(len(before), 1), 4), "after": round(sum(after) / max(len(after), 1), 4),
+        "after_only": after_only, "before_only": before_only, "both": both, "neither": neither,
+        "difference": round(delta, 4), "interval": [round(low, 4), round(high, 4)], "mcnemar_p": round(mcnemar_p(after_only, before_only), 4),
+    }  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -88,11 +111,22 @@ def compare(
     sampling: Sampling,
     margin: float,
     on_part: Callable[[str], None] | None = None,
+    warm_started: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The evaluation report and its verdict: "candidate" or "rejected_by_eval" with the reasons.
 
     ``base_model`` and ``adapter_model`` may be the same PEFT model: the base is then scored with
-    its adapters disabled. ``on_part`` hears what is scored next ("tool_call_precision: base")."""
+    its adapters disabled. ``on_part`` hears what is scored next ("tool_call_precision: base").
+    With ``warm_started`` (the adapter's LoRA weights before GRPO), those weights are also scored
+    on the target's seeds and the report's ``grpo_added`` compares them seed by seed with the final
+    adapter: what GRPO added to the warm start."""
+    outcomes: dict[str, list[bool]] = {}
+
+    def adapter_score(environment: Environment) -> Score:
+        rewards, successes = play(adapter_model, tokenizer, environment, seeds, sampling)
+        outcomes[environment.family.capability] = successes
+        return Score.of(rewards, successes)
+
     def both(environment: Environment) -> tuple[Score, Score]:
         if on_part:
             on_part(f"{environment.family.capability}: base")
@@ -103,9 +137,16 @@ def compare(
             base = score(base_model, tokenizer, environment, seeds, sampling)
         if on_part:
             on_part(f"{environment.family.capability}: adapter")
-        return base, score(adapter_model, tokenizer, environment, seeds, sampling)
+        return base, adapter_score(environment)
 
     own = Comparison(target.family.capability, *both(target))
+    grpo_added = None
+    if warm_started is not None:
+        if on_part:
+            on_part(f"{target.family.capability}: warm start alone")
+        with adapter_weights(adapter_model, warm_started):
+            before = play(adapter_model, tokenizer, target, seeds, sampling)[1]
+        grpo_added = paired(before, outcomes[target.family.capability])
     interference = [Comparison(name, *both(environment)) for name, environment in others.items()]
     reasons = []
     if own.gain < margin:
@@ -117,5 +158,6 @@ def compare(
         "margin": margin,
         "seeds": [seeds.start, seeds.stop],
         "target": own.to_dict(),
+        "grpo_added": grpo_added,
         "interference": [item.to_dict() for item in interference],
     }

@@ -7,6 +7,9 @@ opening messages rendered with the chat template, then for each turn the tokens 
 
 A hinted episode samples with the hint in its system prompt, but its ``prompt_ids`` are those of the
 plain prompt: the hint is stripped before the gradient step, so the model learns to act without it.
+A guided episode starts from a forced prefix of the environment's own solution, of random length
+(whole solution turns, then part of the next): the model goes on from there, and the forced tokens
+are trained as the policy's (guided GRPO, the paper's hint injection done at the token level).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ class TokenRollout:
     env_mask: list[int]  # per completion token: 1 = sampled by the policy, 0 = environment/template
     hinted: bool = False
     truncated_turns: int = 0  # turns cut by max_new_tokens
+    forced_tokens: int = 0  # tokens of the environment's solution forced at the start (guided episodes)
 
     @property
     def policy_tokens(self) -> int:
@@ -63,6 +67,7 @@ class _Episode:
     completion: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
     hinted: bool = False
+    forced: list[list[int]] = field(default_factory=list)  # per coming turn: the tokens it starts with
     done: bool = False
     turns: int = 0
     truncated_turns: int = 0
@@ -111,21 +116,27 @@ def generate_rollouts(
     sampling: Sampling,
     hinted: Sequence[bool] | None = None,
     seed: int = 0,
+    guided: Sequence[bool] | None = None,
 ) -> list[TokenRollout]:
     """Run every instance to its end with the model, batching one assistant turn of all live
-    episodes per ``generate`` call. Sampling is seeded by ``seed`` (same inputs, same rollouts)."""
+    episodes per ``generate`` call. Sampling (and the length of guided episodes' forced prefixes)
+    is seeded by ``seed``: same inputs, same rollouts."""
+    import random
+
     import torch
 
     chat = ChatTokens(tokenizer)
     hinted = list(hinted) if hinted is not None else [False] * len(instances)
+    guided = list(guided) if guided is not None else [False] * len(instances)
+    cut = random.Random(seed)
     episodes = []
-    for instance, with_hint_text in zip(instances, hinted, strict=True):
+    for instance, with_hint_text, with_guide in zip(instances, hinted, guided, strict=True):
         messages = instance.reset()
         prompt_ids = chat.opening(messages)
         context = chat.opening(with_hint(messages, instance.hint())) if with_hint_text else list(prompt_ids)
-        episodes.append(
-            _Episode(instance, messages, [False] * len(messages), context, prompt_ids, hinted=with_hint_text)
-        )
+        forced = forced_solution(chat, instance, cut) if with_guide else []
+        episodes.append(_Episode(instance, messages, [False] * len(messages), context, prompt_ids, hinted=with_hint_text, forced=forced))
+    forced_tokens = [sum(len(turn) for turn in episode.forced) for episode in episodes]
     generator_state = torch.random.get_rng_state()
     was_training = model.training
     model.eval()
@@ -140,8 +151,16 @@ def generate_rollouts(
         turn = 0
         while live := [episode for episode in episodes if not episode.done]:
             torch.manual_seed(seed * 7919 + turn)
-            for episode, sampled in zip(live, _generate(model, tokenizer, live, sampling, opening, opening_cache), strict=True):
-                _advance(chat, episode, sampled, sampling)
+            starts = [episode.forced.pop(0) if episode.forced else [] for episode in live]
+            whole = [bool(start) and start[-1] == chat.end_of_turn for start in starts]  # a forced turn needs no sampling
+            sampling_rows = [index for index, done in enumerate(whole) if not done]
+            sampled: dict[int, list[int]] = {index: starts[index] for index, done in enumerate(whole) if done}
+            if sampling_rows:
+                rows = [live[index] for index in sampling_rows]
+                turns = _generate(model, tokenizer, rows, sampling, opening, opening_cache, [starts[index] for index in sampling_rows])
+                sampled.update({index: starts[index] + ids for index, ids in zip(sampling_rows, turns, strict=True)})
+            for index, episode in enumerate(live):
+                _advance(chat, episode, sampled[index], sampling)
             turn += 1
     finally:
         torch.random.set_rng_state(generator_state)
@@ -154,21 +173,49 @@ def generate_rollouts(
             episode.mask,
             episode.hinted,
             episode.truncated_turns,
+            forced,
         )
-        for episode in episodes
+        for episode, forced in zip(episodes, forced_tokens, strict=True)
     ]
 
 
+def forced_solution(chat: ChatTokens, instance: Instance, cut: Any) -> list[list[int]]:
+    """The start of the instance's solution, of a length drawn uniformly from 1 to all but its last
+    token, as the tokens each coming turn starts with: whole turns (ending in the end-of-turn token)
+    and then the beginning of one more."""
+    turns = [chat.encode(message.get("content") or "") + [chat.end_of_turn] for message in instance.solution()]
+    total = sum(len(turn) for turn in turns)
+    if total < 2:
+        return []
+    length = cut.randint(1, total - 1)
+    forced = []
+    for turn in turns:
+        forced.append(turn[:length])
+        length -= len(forced[-1])
+        if length <= 0:
+            break
+    return forced
+
+
 def _generate(
-    model: Any, tokenizer: Any, episodes: list[_Episode], sampling: Sampling, opening: list[int], opening_cache: Any
+    model: Any,
+    tokenizer: Any,
+    episodes: list[_Episode],
+    sampling: Sampling,
+    opening: list[int],
+    opening_cache: Any,
+    starts: Sequence[Sequence[int]] | None = None,
 ) -> list[list[int]]:
     """One assistant turn for each episode, the sampled ids up to and including the end-of-turn
-    token. The batch is laid out ``[opening][padding][tail]`` (``trainer.prefix_cache``), the
-    opening's cache (when there is one) repeated for its rows."""
+    token, sampled after the turn's forced start (``starts``, when given). The batch is laid out
+    ``[opening][padding][tail]`` (``trainer.prefix_cache``), the opening's cache (when there is
+    one) repeated for its rows."""
     import torch
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    input_ids, attention = layout(opening, [episode.context[len(opening) :] for episode in episodes], pad)
+    starts = starts or [[] for _ in episodes]
+    tails = [episode.context[len(opening) :] + list(start) for episode, start in zip(episodes, starts, strict=True)]
+    input_ids, attention = layout(opening, tails, pad)
     width = input_ids.shape[1]
     cached = {"cache": repeated(opening_cache, len(episodes))} if opening_cache is not None else {}
     sample = sampling.temperature > 0

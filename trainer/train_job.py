@@ -20,11 +20,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from daemon.core.settings import TrainingSettings
 from trainer.adapters import base_model_hash, save_adapter
 from trainer.environment import Environment
 from trainer.evaluation import compare
 from trainer.families import build_environment, load_families
-from trainer.grpo import TrainConfig, train
+from trainer.recipes import train
 from trainer.replay import replay
 from trainer.rollouts import Sampling
 from trainer.jobs import RequestError, exit_with_parent, limit_memory, read_request, run_job, write_atomically
@@ -42,8 +45,12 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
     family, tools = environment.family, environment.tools
     model_settings = request["model"]
     model_dir = models.resolve(model_settings["name"], Path(model_settings["cache_dir"]))
-    config = TrainConfig.from_dict(request["training"])
-    model, tokenizer, report = train(environment, model_dir, run_dir, config, progress)
+    try:
+        config = TrainingSettings.model_validate(request["training"])
+    except ValidationError as error:
+        raise RequestError(f"bad [training] settings: {error}") from error
+    trained = train(environment, model_dir, run_dir, config, progress)
+    model, tokenizer, report = trained.model, trained.tokenizer, trained.report
 
     evaluation = request["evaluation"]
     others = {}
@@ -54,14 +61,14 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
             except ValueError:
                 continue  # this tool set cannot host that family
     seeds = range(evaluation["seeds"])
-    sampling = Sampling(config.max_new_tokens, 0.0, max_length=config.max_length)
+    sampling = Sampling(config.new_tokens, 0.0, max_length=config.max_length)
     evaluating = time.monotonic()
 
     def on_part(part: str) -> None:
         if progress:
             progress({"phase": "evaluation", "part": part, "elapsed_s": round(time.monotonic() - evaluating, 1)})
 
-    verdict = compare(model, model, tokenizer, environment, others, seeds, sampling, evaluation["margin"], on_part)
+    verdict = compare(model, model, tokenizer, environment, others, seeds, sampling, evaluation["margin"], on_part, trained.warm_started)
     cases = request.get("replay") or []
     if cases:
         on_part(f"replay of {len(cases)} failed openings")
@@ -84,9 +91,11 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
             "environment": environment.spec(),
             "base_model": model_settings["name"],
             "base_model_hash": base_model_hash(model_dir),
-            "recipe": config.recipe,
-            "training": config.to_dict(),
-            "metrics": {"evaluation": verdict, "warm_start": report["warm_start"], "rollouts": report["rollouts"]},
+            "recipe": report["recipe"],
+            "training": config.model_dump(mode="json"),
+            "metrics": {
+                "evaluation": verdict, "tried": report["tried"], "warm_start": report["warm_start"], "rollouts": report["rollouts"],
+            },  # fmt: skip
             "created_at": datetime.now(timezone.utc).isoformat(),
         }
         save_adapter(model, directory, manifest)

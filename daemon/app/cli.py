@@ -11,7 +11,7 @@ from typing import Any
 import click
 import orjson
 
-from daemon.core.settings import ConfigError, Settings, load_settings
+from daemon.core.settings import RECIPES, ConfigError, Settings, load_settings
 
 config_option = click.option(
     "--config",
@@ -599,6 +599,7 @@ def envs_validate(
 
 @main.command()
 @click.argument("capability")
+@click.option("--recipe", default=None, type=click.Choice(["auto", *RECIPES]), help="Training recipe (default: [training] recipe).")
 @click.option("--steps", default=None, type=click.IntRange(0, 100_000), help="GRPO steps (default: [training] steps; 0 = warm start only).")
 @click.option("--warm-start", "warm_start", default=None, type=click.IntRange(0, 100_000), help="Demonstrations for the warm start (default: [training]).")
 @click.option("--eval-seeds", default=None, type=click.IntRange(1, 100_000), help="Held-out seeds (default: [training] eval_seeds).")
@@ -610,7 +611,7 @@ def envs_validate(
 @config_option
 @json_option
 def train(
-    capability: str, steps: int | None, warm_start: int | None, eval_seeds: int | None, model_name: str | None,
+    capability: str, recipe: str | None, steps: int | None, warm_start: int | None, eval_seeds: int | None, model_name: str | None,
     output: Path | None, tools_file: Path | None, service: str | None, difficulty: int, config_path: Path | None,
     as_json: bool,
 ) -> None:  # fmt: skip
@@ -627,6 +628,8 @@ def train(
         "difficulty": environment.difficulty, "tools": [tool.to_openai() for tool in environment.tools],
         "training": train_config(settings), **job_settings(settings),
     }  # fmt: skip
+    if recipe is not None:
+        request["training"]["recipe"] = recipe
     if steps is not None:
         request["training"]["steps"] = steps
     if warm_start is not None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from daemon.app.client import ApiError, DaemonClient, DaemonUnavailable
 from daemon.core.intervals import wilson
-from daemon.core.progress import progress_text
+from daemon.core.progress import grpo_added_text, progress_text
 from daemon.core.settings import ENV_PREFIX, Settings, load_settings
 from daemon.app.supervisor import loopback
 
@@ -37,11 +37,12 @@ DEMO: dict[str, dict[str, Any]] = {
     # The gate runs (and on SmolLM2-135M finds the base too weak for the airline tools, which the
     # warm start remedies); a small one, since its verdict does not change what happens next.
     "validation": {"seeds": 2, "group_size": 4, "hint_shares": [], "timeout_s": 1800},
-    # Warm start only: on two cores GRPO steps over 1,200-token openings take minutes each and
-    # the demonstrations teach what the 135M model lacks (docs/performance.md).
+    # The warm start teaches what the 135M model lacks; a few GRPO steps follow it, and the run's
+    # report measures what they added on the same held-out seeds (docs/performance.md).
     "training": {
-        "steps": 0, "group_size": 4, "groups_per_step": 2, "warm_start_examples": 96, "warm_start_epochs": 2,
-        "eval_seeds": 16, "eval_interference": False, "save_steps": 2, "threads": 2,
+        "recipe": "sft+grpo", "steps": 4, "group_size": 4, "groups_per_step": 2, "micro_batch": 2, "num_iterations": 2,
+        "learning_rate": 2e-4, "warm_start_examples": 96, "warm_start_epochs": 2, "eval_seeds": 24, "eval_interference": False,
+        "save_steps": 2, "threads": 2,
     },  # fmt: skip
     # The router gets one thread; the trainer both, since the model-driven traffic holds while it trains.
     "model": {"max_new_tokens": 96, "threads": 1},
@@ -314,7 +315,9 @@ class Narrator:
                 self.event(
                     f"candidate:{adapter['adapter_id']}",
                     f"candidate ready: {name}, held-out success {target['adapter']['success_rate']:.2f} vs base "
-                    f"{target['base']['success_rate']:.2f} — open {self.dashboard_url} to approve",
+                    f"{target['base']['success_rate']:.2f}"
+                    + (f"; {added}" if (added := grpo_added_text(adapter["evaluation"].get("grpo_added"))) else "")
+                    + f" — open {self.dashboard_url} to approve",
                 )
                 if self.auto_approve:
                     self.client.post(f"/api/adapters/{adapter['adapter_id']}/approve", {"reason": "tracefix demo --auto-approve"})

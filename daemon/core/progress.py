@@ -24,9 +24,16 @@ def progress_text(record: dict[str, Any], steps: int | None = None) -> str:
         return f"warm start, update {record.get('step', 0)}/{record.get('max_steps', '?')}, loss {record.get('loss', 0):.3f}, {elapsed}"
     if phase == "evaluation":
         return f"evaluating ({record.get('part', '')}), {elapsed} into the evaluation"
+    if phase == "recipe":
+        validation = record.get("validation")
+        if validation is None:
+            return f"trying recipe {record.get('recipe')}, {elapsed}"
+        return f"recipe {record.get('recipe')}: validation success {validation['success_rate']:.2f}, {elapsed}"
     reward = record.get("mean_reward")
     reward_text = "n/a" if reward is None else f"{reward:.2f}"
-    return f"GRPO step {record.get('step', 0)}/{record.get('max_steps') or steps or '?'}, reward {reward_text}, {elapsed}"
+    clip = record.get("clip_fraction_max")
+    clip_text = "" if clip is None else f", clipped {clip:.0%}, KL {record.get('kl', 0):.4f}"
+    return f"GRPO step {record.get('step', 0)}/{record.get('max_steps') or steps or '?'}, reward {reward_text}{clip_text}, {elapsed}"
 
 
 def read_progress(directory: str) -> list[dict[str, Any]]:
@@ -44,3 +51,16 @@ def read_progress(directory: str) -> list[dict[str, Any]]:
         except orjson.JSONDecodeError:
             continue
     return records
+
+
+def grpo_added_text(added: dict[str, Any] | None) -> str | None:
+    """What GRPO added to the warm start on the held-out seeds (``evaluation.grpo_added``), in words;
+    None when the run had no warm start followed by GRPO."""
+    if not added:
+        return None
+    low, high = added["interval"]
+    return (
+        f"GRPO added {added['difference']:+.2f} [{low:+.2f}, {high:+.2f}] to the warm start's held-out success "
+        f"({added['before']:.2f} → {added['after']:.2f} on the same {added['seeds']} seeds: {added['after_only']} won, "
+        f"{added['before_only']} lost; McNemar p {added['mcnemar_p']:.2f})"
+    )

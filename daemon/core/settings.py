@@ -9,7 +9,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -25,6 +25,10 @@ def capability_name(value: str) -> str:
     if not CAPABILITY_NAME.match(value):
         raise ValueError(f"{value!r} is not a snake_case name (letters, digits, underscores; starts with a letter)")
     return value
+
+
+RECIPES = ("sft", "sft+grpo", "guided_grpo", "grpo")  # the training recipes, in order of cost
+MAX_NEW_TOKENS = 128  # [model] max_new_tokens, which [training] max_new_tokens = 0 stands for
 
 
 class Section(BaseModel):
@@ -245,7 +249,7 @@ class ModelSettings(Section):
     cache_dir: Path | None = Field(
         None, description="Where converted models are cached; default <store dir>/models.", examples=[".tracefix/models"]
     )
-    max_new_tokens: int = Field(128, ge=1, description="Most tokens the model writes in one assistant turn of a rollout.")
+    max_new_tokens: int = Field(MAX_NEW_TOKENS, ge=1, description="Most tokens the model writes in one assistant turn of a rollout.")
     threads: int = Field(0, ge=0, description="Torch CPU threads in model subprocesses; 0 = all cores.")
 
 
@@ -267,20 +271,41 @@ class ValidationSettings(Section):
     memory_mb: int = Field(8192, ge=256, description="Address-space limit of the validation subprocess.")
 
 
+
+
 class TrainingSettings(Section):
-    """GRPO LoRA adapters, one per capability (defaults fit a 2-core CPU and SmolLM2-135M; see docs/training.md for GPU
-    settings).
+    """LoRA adapters, one per capability, trained by a recipe of supervised warm start and GRPO; this table is the
+    trainer's whole configuration (defaults fit a 2-core CPU and SmolLM2-135M; docs/training.md has GPU settings).
     """
 
     enabled: bool = Field(True, description="Train an adapter for each environment that is ready (validated, or needing a warm start).")
-    steps: int = Field(30, ge=0, description="GRPO optimisation steps; 0 trains the warm start only (needs warm_start_examples).")
+    recipe: Literal["auto", "sft", "sft+grpo", "guided_grpo", "grpo"] = Field(
+        "auto",
+        description="sft (warm start on verified solutions), sft+grpo, guided_grpo (forced solution prefixes), grpo;"
+        " 'auto' tries them in that order (cost) on validation seeds within timeout_s and keeps the best.",
+    )
+    steps: int = Field(30, ge=0, description="GRPO steps of a recipe with GRPO; 0 trains the warm start only.")
     group_size: int = Field(4, ge=2, description="Rollouts per seed (K); advantages are normalised within each group.")
     groups_per_step: int = Field(2, ge=1, description="Seeds (groups) per step.")
+    micro_batch: int = Field(
+        2, ge=1, description="Rollouts per forward and backward pass of a GRPO update (the group's opening runs once); bounds memory."
+    )
+    num_iterations: int = Field(
+        2, ge=1, description="Optimisation passes over each step's rollouts; from the second the ratio leaves 1 and the clip binds."
+    )
     learning_rate: float = Field(1e-4, gt=0, description="LoRA learning rate for GRPO.")
-    clip_epsilon: float = Field(0.2, gt=0, description="PPO-style clip range of the surrogate.")
-    kl_beta: float = Field(0.0, ge=0, description="KL penalty to the base model (paper: 0).")
+    clip_epsilon: float = Field(0.2, gt=0, description="Clip range of the surrogate: the ratio is clipped to [1 − ε, 1 + ε].")
+    kl_beta: float = Field(0.0, ge=0, description="KL penalty to the adapter GRPO starts from (paper: 0; the KL is reported either way).")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradients are clipped to this global norm before each update.")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature of training rollouts.")
+    max_new_tokens: int = Field(0, ge=0, description="Most tokens of one sampled turn; 0 = [model] max_new_tokens.")
     max_length: int = Field(3072, ge=256, description="An episode whose tokens reach this ends where it is.")
+    hint_share: float = Field(
+        0.0, ge=0, le=1, description="Share of each group sampled with the environment's hint (set per run from validation)."
+    )
+    guided_share: float = Field(
+        0.5, ge=0, le=1, description="guided_grpo: share of each group that starts from a forced prefix of the environment's solution."
+    )
     lora_r: int = Field(16, ge=1, description="LoRA rank.")
     lora_alpha: int = Field(16, ge=1, description="LoRA alpha.")
     lora_targets: list[str] = Field(
@@ -288,11 +313,17 @@ class TrainingSettings(Section):
     )
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
     warm_start_examples: int = Field(
-        48, ge=0, description="Ground-truth demonstrations for the warm start when the base fails the gate as too weak; 0 = never."
+        48, ge=0, description="Verified demonstrations for the sft recipes' warm start; 0 = no sft recipe."
     )
     warm_start_epochs: int = Field(2, ge=1, description="Passes over the demonstrations.")
     warm_start_batch: int = Field(2, ge=1, description="Demonstrations per warm-start update: one batch, their common opening run once.")
     warm_start_learning_rate: float = Field(1e-3, gt=0, description="Learning rate of the warm start (a few dozen demonstrations make a few dozen updates).")
+    validation_seeds: int = Field(
+        8, ge=1, description="recipe 'auto': seeds the recipes are compared on, disjoint from the held-out and training seeds."
+    )
+    train_seed_offset: int = Field(
+        100_000, ge=1, description="First training seed; held-out evaluation and validation seeds lie below it."
+    )
     save_steps: int = Field(5, ge=1, description="Checkpoint every this many steps; a killed run resumes from the last one.")
     eval_seeds: int = Field(50, ge=1, description="Held-out seeds (disjoint from training's) for base vs adapter.")
     eval_margin: float = Field(0.2, ge=0, le=1, description="An adapter is a candidate only when its success rate beats the base's by this.")
@@ -301,11 +332,45 @@ class TrainingSettings(Section):
     memory_mb: int = Field(16384, ge=512, description="Address-space limit of the training subprocess.")
     seed: int = Field(0, description="Seed of sampling and initialisation.")
     threads: int = Field(0, ge=0, description="Torch CPU threads of the training subprocess; 0 = [model] threads.")
-    grpo_args: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Passed to TRL's GRPOConfig as is, over tracefix's own values: GPU settings such as bf16 = true (docs/training.md).",
-        examples=[{"bf16": True}],
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Weights and activations while training; bfloat16 on a GPU that has it (docs/training.md)."
     )
+
+    @model_validator(mode="after")
+    def _recipe_can_run(self) -> TrainingSettings:
+        if not self.recipes:
+            raise ValueError(f"recipe {self.recipe!r} has nothing to train: it needs steps > 0 or warm_start_examples > 0")
+        if self.recipe.startswith("sft") and not self.warm_start_examples:
+            raise ValueError(f"recipe {self.recipe!r} needs warm_start_examples > 0")
+        if self.recipe in ("grpo", "guided_grpo") and not self.steps:
+            raise ValueError(f"recipe {self.recipe!r} needs steps > 0")
+        if self.train_seed_offset - self.warm_start_examples - self.validation_seeds < self.eval_seeds:
+            raise ValueError("train_seed_offset leaves no room below it for eval_seeds, validation_seeds and warm_start_examples")
+        return self
+
+    @property
+    def new_tokens(self) -> int:
+        """Most tokens of one sampled turn: max_new_tokens, or the [model] default when it is 0."""
+        return self.max_new_tokens or MAX_NEW_TOKENS
+
+    @property
+    def validation_range(self) -> range:
+        """The seeds 'auto' compares recipes on: below the warm start's, above the held-out ones."""
+        end = self.train_seed_offset - self.warm_start_examples
+        return range(end - self.validation_seeds, end)
+
+    @property
+    def warm_start_range(self) -> range:
+        """The seeds of the warm start's demonstrations: just below the training seeds."""
+        return range(self.train_seed_offset - self.warm_start_examples, self.train_seed_offset)
+
+    @property
+    def recipes(self) -> tuple[str, ...]:
+        """The recipes this configuration trains: one, or for 'auto' those it can run, cheapest first."""
+        if self.recipe != "auto":
+            return (self.recipe,)
+        usable = [recipe for recipe in RECIPES if self.warm_start_examples or not recipe.startswith("sft")]
+        return tuple(recipe for recipe in usable if self.steps or recipe == "sft")
 
 
 class RouterSettings(Section):

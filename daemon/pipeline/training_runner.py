@@ -25,10 +25,6 @@ from daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut,
 
 log = logging.getLogger(__name__)
 
-# Settings of [training] that are not TrainConfig fields.
-_JOB_ONLY = {"enabled", "eval_seeds", "eval_margin", "eval_interference", "timeout_s", "memory_mb"}
-
-
 class TrainingRunner:
     def __init__(self, store: AnalysisStore, runs: RunStore, settings: Settings) -> None:
         self.store = store
@@ -69,11 +65,10 @@ class TrainingRunner:
             self._pass_lock.release()
 
     def _config(self, environment: dict[str, Any]) -> dict[str, Any]:
-        """The run's TrainConfig: [training] plus what validation found (hint share, warm start)."""
+        """The run's [training]: the daemon's, with the hint share validation found."""
         config = train_config(self.settings)
         if environment["status"] == "validated":
             config["hint_share"] = (environment.get("validation") or {}).get("hint_share", 0.0)
-            config["warm_start_examples"] = 0  # the base earns reward by itself
         return config
 
     def _request(self, run: dict[str, Any], environment: dict[str, Any]) -> dict[str, Any]:
@@ -155,10 +150,11 @@ class TrainingRunner:
 
 
 def train_config(settings: Settings) -> dict[str, Any]:
-    """TrainConfig fields from [training] and [model]."""
-    config = {key: value for key, value in settings.training.model_dump(mode="json").items() if key not in _JOB_ONLY}
-    config["max_new_tokens"] = settings.model.max_new_tokens
-    config["threads"] = settings.training.threads or settings.model.threads
+    """[training] as the trainer reads it, with what it takes from [model] filled in."""
+    training, model = settings.training, settings.model
+    config = training.model_dump(mode="json")
+    config["max_new_tokens"] = training.max_new_tokens or model.max_new_tokens
+    config["threads"] = training.threads or model.threads
     return config
 
 

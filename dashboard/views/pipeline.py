@@ -13,7 +13,7 @@ import streamlit as st
 from dashboard import charts, conversation
 from dashboard.page import PageContext, rate, show
 from daemon.app.client import ApiError
-from daemon.core.progress import grpo_steps, progress_text
+from daemon.core.progress import grpo_added_text, grpo_steps, progress_text
 
 
 def environment_table(items: list[Mapping[str, Any]]) -> pd.DataFrame:
@@ -150,6 +150,15 @@ def run_table(items: list[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def recipe_row(trial: Mapping[str, Any]) -> dict[str, Any]:
+    validation = trial.get("validation") or {}
+    return {
+        "recipe": trial["recipe"], "validation success": validation.get("success_rate"),
+        "mean reward": validation.get("mean_reward"), "minutes": round(trial.get("seconds", 0) / 60, 1) if "seconds" in trial else None,
+        "note": trial.get("skipped", ""),
+    }  # fmt: skip
+
+
 def render_run(run: Mapping[str, Any]) -> None:
     records = run.get("progress") or []
     progress = grpo_steps(records)
@@ -181,6 +190,9 @@ def render_run(run: Mapping[str, Any]) -> None:
         with right:
             st.caption("Groups per step; zero-variance groups carry no learning signal")
             st.altair_chart(charts.zero_variance_groups(progress))
+        if any("clip_fraction_max" in record for record in progress):
+            st.caption("Per step: share of policy tokens clipped (highest pass) and the KL to the adapter GRPO started from")
+            st.altair_chart(charts.clipping(progress))
     result = run.get("result") or {}
     if result:
         evaluation = result.get("evaluation") or {}
@@ -191,6 +203,13 @@ def render_run(run: Mapping[str, Any]) -> None:
         st.markdown(summary + ".")
         for reason in evaluation.get("reasons") or []:
             st.caption(reason)
+        training = result.get("training") or {}
+        if training.get("recipe"):
+            st.markdown(f"Recipe **{training['recipe']}**" + (f". {added}." if (added := grpo_added_text(evaluation.get("grpo_added"))) else "."))
+        tried = [item for item in training.get("tried") or [] if "validation" in item or "skipped" in item]
+        if tried:
+            st.caption("Recipes tried on the validation seeds (the best is kept)")
+            st.dataframe(pd.DataFrame([recipe_row(item) for item in tried]), hide_index=True)
 
 
 def render_runs(context: PageContext) -> None:

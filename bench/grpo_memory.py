@@ -1,0 +1,134 @@
+"""Peak memory and time of one GRPO update on the airline agent's openings, the group's opening run
+once and its rollouts in micro-batches, against the plain computation (every row prompt +
+completion in one batch).
+
+Each variant runs in a child process of its own under an address-space limit (``--limit-gb``, as
+the training subprocess runs under ``[training] memory_mb``): it loads SmolLM2-135M with a fresh
+LoRA, plays one group of ``--group-size`` episodes of the capability's environment (half of them
+guided by a forced solution prefix, so that the episodes are as long as real ones), and makes one
+optimisation pass. The advantages are set to ±1 so that the update always runs: memory and time do
+not depend on their values. Peak resident memory is the child's ``ru_maxrss``, read separately for
+the rollouts and for the update (a fresh child per variant; the update's figure is the peak of the
+whole process, rollouts included).
+
+    python bench/grpo_memory.py --group-size 8 --micro-batches 1 2 8 --plain
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def plain_backward(model: Any, prompt: list[int], completions: list[Any], tokens: int, epsilon: float) -> None:
+    """The computation the shared-prefix loss replaces: all rows prompt + completion, one batch."""
+    import torch
+
+    width = len(prompt) + max(len(item.ids) for item in completions)
+    ids = torch.zeros((len(completions), width), dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    for row, item in enumerate(completions):
+        ids[row, : len(prompt) + len(item.ids)] = torch.tensor(prompt + item.ids)
+        attention[row, : len(prompt) + len(item.ids)] = 1
+    logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
+    logprobs = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    total = torch.zeros(())
+    for row, item in enumerate(completions):
+        own = logprobs[row, len(prompt) - 1 : len(prompt) - 1 + len(item.ids)]
+        ratio = torch.exp(own - own.detach())
+        surrogate = torch.minimum(ratio * item.advantage, ratio.clamp(1 - epsilon, 1 + epsilon) * item.advantage)
+        total = total - surrogate[torch.tensor(item.mask, dtype=torch.bool)].sum()
+    (total / tokens).backward()
+
+
+def child(arguments: argparse.Namespace) -> dict[str, Any]:
+    from daemon.core.settings import TrainingSettings
+    from examples.airline.tools import TOOLS
+    from trainer import model as models
+    from trainer.environment import Environment, load_tools
+    from trainer.families import load_families
+    from trainer.grpo import take_rollouts
+    from trainer.jobs import limit_memory
+    from trainer.policy_loss import Completion, group_backward
+    from trainer.recipes import load_policy
+
+    limit_memory(int(arguments.limit_gb * 1024))
+    config = TrainingSettings(
+        recipe="guided_grpo", group_size=arguments.group_size, groups_per_step=1, micro_batch=arguments.micro_batch or 1,
+        max_new_tokens=arguments.max_new_tokens, threads=arguments.threads, warm_start_examples=0,
+    )  # fmt: skip
+    model_dir = models.resolve(arguments.model, Path(arguments.cache))
+    model, tokenizer = load_policy(model_dir, config)
+    environment = Environment(load_families()[arguments.capability], load_tools(TOOLS))
+    started = time.monotonic()
+    rollouts = take_rollouts(model, tokenizer, environment, config, step=0, guided_share=0.5)
+    rollout_s, rollout_peak = time.monotonic() - started, _peak_mb()
+    prompt = rollouts[0].prompt_ids
+    completions = [Completion(item.completion_ids, item.env_mask, (-1.0) ** index) for index, item in enumerate(rollouts)]
+    tokens = sum(sum(item.mask) for item in completions)
+    model.train()
+    started = time.monotonic()
+    if arguments.micro_batch:
+        group_backward(model, prompt, completions, tokens, arguments.micro_batch)
+    else:
+        plain_backward(model, prompt, completions, tokens, config.clip_epsilon)
+    return {
+        "variant": f"shared opening, micro-batch {arguments.micro_batch}" if arguments.micro_batch else "plain (one batch, opening per row)",
+        "group_size": arguments.group_size, "prompt_tokens": len(prompt),
+        "completion_tokens": [len(item.completion_ids) for item in rollouts], "policy_tokens": tokens,
+        "rollouts_s": round(rollout_s, 1), "rollouts_peak_mb": round(rollout_peak), "update_s": round(time.monotonic() - started, 1),
+        "peak_mb": round(_peak_mb()), "limit_gb": arguments.limit_gb,
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--capability", default="precondition_verification")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 8])
+    parser.add_argument("--plain", action="store_true", help="also measure the plain computation")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--limit-gb", type=float, default=8.0, help="address-space limit of each child")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--cache", default=".tracefix/models")
+    parser.add_argument("--micro-batch", type=int, default=None, help=argparse.SUPPRESS)  # a child's variant (0 = plain)
+    arguments = parser.parse_args()
+    if arguments.micro_batch is not None:
+        print(json.dumps(child(arguments)))
+        return
+    variants = [*arguments.micro_batches, *([0] if arguments.plain else [])]
+    results = []
+    for micro_batch in variants:
+        command = [sys.executable, __file__, *sys.argv[1:], "--micro-batch", str(micro_batch)]
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            tail = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
+            results.append({"variant": micro_batch or "plain", "failed": tail, "limit_gb": arguments.limit_gb})
+        else:
+            results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(json.dumps(results[-1]), flush=True)
+    print("| variant | prompt tokens | completion tokens | update peak RSS | update time |\n|---|---|---|---|---|")
+    for item in results:
+        if "failed" in item:
+            print(f"| {item['variant']} | | | failed under {item['limit_gb']} GB: {item['failed']} | |")
+        else:
+            print(f"| {item['variant']} | {item['prompt_tokens']} | {sum(item['completion_tokens'])} | {item['peak_mb'] / 1024:.2f} GB | {item['update_s']} s |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,241 @@
+"""The training recipes and the choice between them, on one capability's environment.
+
+- ``sft``: a supervised warm start on the environment's verified solutions (TRL's ``SFTTrainer``,
+  policy tokens only, each batch's common opening run once: ``trainer.shared_prefix``);
+- ``sft+grpo``: that warm start, then GRPO from it (``trainer.grpo``);
+- ``guided_grpo``: GRPO from the base in which ``guided_share`` of each group starts from a forced
+  prefix of the solution (a weak base earns reward this way where plain GRPO earns none);
+- ``grpo``: plain GRPO from the base, the paper's "GRPO on target" baseline.
+
+``recipe = "auto"`` tries those the configuration allows, cheapest first, scores each on the
+validation seeds (disjoint from the held-out and the training seeds), and keeps the best; a recipe
+is skipped when the time left in the run's budget (half of ``timeout_s``; evaluation needs the
+rest) is less than the longest one tried so far took. ``sft+grpo`` continues from the ``sft``
+trial's weights instead of warm-starting again. Finished trials are kept on disk
+(``trials/<recipe>``), so a killed run resumes with the next one (and GRPO within a trial from its
+checkpoints).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transformers import PrinterCallback, TrainerCallback
+
+from daemon.core.settings import TrainingSettings
+from trainer.environment import Environment
+from trainer.grpo import adapter_weights, grpo
+from trainer.rollouts import Sampling, demonstration
+
+Progress = Callable[[dict[str, Any]], None]
+BUDGET_SHARE = 0.5  # of timeout_s, for the recipes; the held-out evaluation needs the rest
+
+
+@dataclass(slots=True)
+class Trained:
+    """A trained policy and what made it."""
+
+    model: Any  # the PEFT model, with the chosen recipe's weights
+    tokenizer: Any
+    report: dict[str, Any]  # recipe, tried recipes with their validation scores, warm start, GRPO steps
+    warm_started: dict[str, Any] | None = field(default=None)  # LoRA weights after the warm start, when GRPO followed it
+
+
+def lora_config(config: TrainingSettings) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+        target_modules=list(config.lora_targets), task_type="CAUSAL_LM",
+    )  # fmt: skip
+
+
+def load_policy(model_dir: Path, config: TrainingSettings) -> tuple[Any, Any]:
+    """The base model with a fresh LoRA adapter, and its tokenizer (left padding for generation)."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    dtype = getattr(torch, config.dtype)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    if torch.cuda.is_available():
+        base = base.to("cuda")
+    return get_peft_model(base, lora_config(config)), tokenizer
+
+
+def lora_state(model: Any) -> dict[str, Any]:
+    from peft import get_peft_model_state_dict
+
+    return {name: tensor.detach().clone() for name, tensor in get_peft_model_state_dict(model).items()}
+
+
+def warm_start(model: Any, tokenizer: Any, environment: Environment, config: TrainingSettings, directory: Path, progress: Progress | None = None) -> dict[str, Any]:
+    """Supervised pass on ground-truth demonstrations (seeds disjoint from evaluation's), loss on the
+    policy's tokens only; each update is reported to `progress` (phase ``warm_start``)."""
+    import torch
+    from datasets import Dataset
+    from trl import SFTConfig
+
+    from trainer.shared_prefix import SharedPrefixSFTTrainer
+
+    rows = []
+    for seed in config.warm_start_range:
+        ids, policy = demonstration(tokenizer, environment.instance(seed), config.max_length).sequence()
+        rows.append({"input_ids": ids, "assistant_masks": policy})
+    arguments = SFTConfig(
+        output_dir=str(directory / "warm_start"),
+        num_train_epochs=config.warm_start_epochs,
+        # `warm_start_batch` demonstrations per update, in one batch whose common opening (the agent's
+        # instructions and tool definitions, most of every prompt) is run once: trainer/shared_prefix.py.
+        per_device_train_batch_size=config.warm_start_batch,
+        gradient_accumulation_steps=1,
+        learning_rate=config.warm_start_learning_rate,
+        lr_scheduler_type="constant",
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=not torch.cuda.is_available(),
+        bf16=config.dtype == "bfloat16",
+        seed=config.seed,
+        max_length=config.max_length,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        gradient_checkpointing=False,
+    )
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    trainer = SharedPrefixSFTTrainer(model=model, args=arguments, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    trainer.remove_callback(PrinterCallback)  # progress is reported by the caller, not printed
+    if progress:
+        trainer.add_callback(_WarmStartProgress(progress, time.monotonic()))
+    result = trainer.train()
+    return {
+        "examples": len(rows), "epochs": config.warm_start_epochs, "batch": config.warm_start_batch,
+        "updates": result.global_step, "loss": round(result.training_loss, 4),
+    }  # fmt: skip
+
+
+class _WarmStartProgress(TrainerCallback):
+    """One record per warm-start update: its loss, how far the pass has come, and the time so far."""
+
+    def __init__(self, progress: Progress, started: float) -> None:
+        super().__init__()
+        self.progress = progress
+        self.started = started
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
+        if logs and "loss" in logs:
+            self.progress({
+                "phase": "warm_start", "step": state.global_step, "max_steps": state.max_steps,
+                "loss": round(float(logs["loss"]), 6), "elapsed_s": round(time.monotonic() - self.started, 1),
+            })  # fmt: skip
+
+
+def validation_score(model: Any, tokenizer: Any, environment: Environment, config: TrainingSettings) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from trainer.evaluation import score
+
+    sampling = Sampling(config.new_tokens, 0.0, max_length=config.max_length)
+    found = score(model, tokenizer, environment, config.validation_range, sampling)
+    return asdict(found)
+
+
+def train(environment: Environment, model_dir: Path, directory: Path, config: TrainingSettings, progress: Progress | None = None) -> Trained:
+    """Train with the configured recipe (or choose one, for 'auto'); see the module."""
+    model, tokenizer = load_policy(model_dir, config)
+    fresh = lora_state(model)
+    started = time.monotonic()
+    auto = config.recipe == "auto"
+    budget = BUDGET_SHARE * config.timeout_s
+    tried: list[dict[str, Any]] = []
+    kept: dict[str, dict[str, Any]] = {}  # recipe → LoRA weights
+    warm_report: dict[str, Any] | None = None
+    grpo_report: dict[str, Any] = {"steps": [], "rollouts": 0, "resumed_from": None}
+    for recipe in config.recipes:
+        trial_dir = directory / "trials" / recipe
+        if (trial_dir / "trial.json").exists():  # finished before the run was stopped
+            trial = json.loads((trial_dir / "trial.json").read_text())
+            kept[recipe] = _load_state(trial_dir, "trial")
+            tried.append(trial)
+            continue
+        longest = max((item.get("seconds", 0.0) for item in tried), default=0.0)
+        if auto and tried and time.monotonic() - started + longest > budget:
+            tried.append({"recipe": recipe, "skipped": f"{budget - (time.monotonic() - started):.0f} s of the budget left"})
+            continue
+        if progress and auto:
+            progress({"phase": "recipe", "recipe": recipe, "elapsed_s": round(time.monotonic() - started, 1)})
+        trial_started = time.monotonic()
+        _set_state(model, kept.get("sft") if recipe == "sft+grpo" and "sft" in kept else fresh)
+        trial: dict[str, Any] = {"recipe": recipe}
+        if recipe.startswith("sft") and not (recipe == "sft+grpo" and "sft" in kept):
+            if (trial_dir / "warm_start.json").exists():  # this trial's warm start finished before a stop
+                warm_report = json.loads((trial_dir / "warm_start.json").read_text())
+                _set_state(model, _load_state(trial_dir, "warm_start"))
+            else:
+                warm_report = warm_start(model, tokenizer, environment, config, trial_dir, progress)
+                _save_state(trial_dir, "warm_start", model, warm_report)
+            trial["warm_start"] = warm_report
+            if recipe == "sft+grpo":
+                kept["sft"] = lora_state(model)
+        if "grpo" in recipe:
+            guided = config.guided_share if recipe == "guided_grpo" else 0.0
+            grpo_report = grpo(model, tokenizer, environment, config, directory / "checkpoints" / recipe, progress, guided)
+            trial["rollouts"] = grpo_report["rollouts"]
+        if auto:
+            trial["validation"] = validation_score(model, tokenizer, environment, config)
+        trial["seconds"] = round(time.monotonic() - trial_started, 1)
+        kept[recipe] = lora_state(model)
+        _save_state(trial_dir, "trial", model, trial)
+        tried.append(trial)
+        if progress and auto:
+            progress({"phase": "recipe", **trial, "elapsed_s": round(time.monotonic() - started, 1)})
+    chosen = _best(tried) if auto else config.recipe
+    _set_state(model, kept[chosen])
+    report = {
+        "recipe": chosen, "tried": tried, "warm_start": warm_report if chosen.startswith("sft") else None,
+        "steps": grpo_report["steps"] if "grpo" in chosen else [], "rollouts": grpo_report["rollouts"] if "grpo" in chosen else 0,
+        "resumed_from": grpo_report["resumed_from"],
+    }  # fmt: skip
+    return Trained(model, tokenizer, report, kept.get("sft") if chosen == "sft+grpo" else None)
+
+
+def _best(tried: list[dict[str, Any]]) -> str:
+    """The recipe with the highest validation success (then mean reward); the cheaper on a tie."""
+    scored = [item for item in tried if "validation" in item]
+    top = max(scored, key=lambda item: (item["validation"]["success_rate"], item["validation"]["mean_reward"]))
+    return top["recipe"]
+
+
+def _set_state(model: Any, state: dict[str, Any]) -> None:
+    from peft import set_peft_model_state_dict
+
+    set_peft_model_state_dict(model, state)
+
+
+def _save_state(directory: Path, name: str, model: Any, record: dict[str, Any]) -> None:
+    """The model's LoRA weights as ``name.safetensors`` and ``record`` as ``name.json``, written
+    last: a stopped run finds either both or no record."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file({key: tensor.contiguous() for key, tensor in lora_state(model).items()}, str(directory / f"{name}.safetensors"))
+    (directory / f"{name}.json").write_text(json.dumps(record))
+
+
+def _load_state(directory: Path, name: str) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(directory / f"{name}.safetensors"))
