@@ -10,9 +10,10 @@ as the acknowledgements come back:
 - http-json:     the Python SDK has no OTLP/JSON exporter; this file encodes the same spans to
                  OTLP/JSON (hex ids, camelCase) and POSTs them on a keep-alive requests session.
 
-The spans are recorded once per client with an SDK TracerProvider; every request clones them with
-fresh trace/span ids (a new SpanContext per span), so the clients spend their CPU on encoding and
-transport, not on creating spans. Results: one JSON line on stdout; progress goes to stderr.
+The spans are recorded once per client with an SDK TracerProvider, in the GenAI conventions as
+examples/otlp.py writes every synthetic agent run; every request clones them with fresh trace/span
+ids (a new SpanContext per span), so the clients spend their CPU on encoding and transport, not on
+creating spans. Results: one JSON line on stdout; progress goes to stderr.
 
 Diagnostics: `--client-encoding reuse` swaps the SDK exporters for a client that encodes each template
 batch once and only rewrites ids (the receiver measured nearly alone); `--profile-server` runs the
@@ -27,7 +28,6 @@ daemon under cProfile in every thread and prints the hotspots of the measured wi
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import multiprocessing as mp
 import os
@@ -43,11 +43,17 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.trace import Status, StatusCode
+
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from examples.otlp import Agent, AgentRun, Recorder, evaluation_attributes, exporter, key_values  # noqa: E402
+
 TRANSPORTS = ("http-protobuf", "http-json", "grpc")
 TARGET_SPANS_PER_S = 20000  # DESIGN.md section 8, OTLP/HTTP protobuf, durable acknowledgement
 TARGET_GRPC_RATIO = 0.8  # gRPC within 20 % of HTTP protobuf
@@ -136,6 +142,13 @@ _TOOLS = [
 ]
 
 
+_AGENT = Agent(
+    "coding-agent", "gpt-4.1-mini", _SYSTEM_PROMPT, _TOOLS, id="agent-7f3a", response_model="gpt-4.1-mini-2025-04-14",
+    temperature=0.2, max_tokens=4096, server=("api.openai.com", 443),
+)  # fmt: skip
+_MS = 1_000_000  # nanoseconds
+
+
 def _text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(words))
 
@@ -156,144 +169,67 @@ def _tool_arguments(rng: random.Random, tool: str) -> dict[str, Any]:
 
 def _record_trajectories(seed: int, spans_wanted: int) -> list[Any]:
     """Record whole agent trajectories with the SDK until there are `spans_wanted` spans, roots first."""
-    from opentelemetry import trace
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-    from opentelemetry.trace import SpanKind, Status, StatusCode
-
     rng = random.Random(seed)
-    memory = InMemorySpanExporter()
-    provider = TracerProvider(
-        resource=Resource.create(
-            {"service.name": "bench-coding-agent", "service.version": "1.4.2", "deployment.environment.name": "bench"}
-        )
+    recorder = Recorder(
+        {"service.name": "bench-coding-agent", "service.version": "1.4.2", "deployment.environment.name": "bench"},
+        "tracefix.bench.agent",
+        "0.1.0",
     )
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracer = provider.get_tracer("tracefix.bench.agent", "0.1.0")
-    model = "gpt-4.1-mini"
     spans: list[Any] = []
     clock = 1_700_000_000_000_000_000
-    trajectory = 0
     while len(spans) < spans_wanted:
-        trajectory += 1
-        turns = rng.randint(3, 8)  # chat calls; a tool runs between consecutive calls
-        conversation = PLACEHOLDER
-        task = f"Task {PLACEHOLDER}: the test for {_text(rng, 4)} fails with {_text(rng, 6)}. {_text(rng, 30)}"
-        start = clock
-        root = tracer.start_span(
-            "invoke_agent coding-agent",
-            kind=SpanKind.INTERNAL,
-            start_time=start,
-            attributes={
-                "gen_ai.operation.name": "invoke_agent",
-                "gen_ai.provider.name": "openai",
-                "gen_ai.agent.name": "coding-agent",
-                "gen_ai.agent.id": "agent-7f3a",
-                "gen_ai.request.model": model,
-                "gen_ai.conversation.id": conversation,
-            },
-        )
-        context = trace.set_span_in_context(root)
-        messages: list[dict[str, Any]] = [{"role": "user", "parts": [{"type": "text", "content": task}]}]
-        now = start + 2_000_000
-        input_tokens = 900
-        for turn in range(1, turns + 1):
-            last = turn == turns
-            tool = rng.choice(_TOOLS)["name"]
-            call_id = f"call_{PLACEHOLDER}_{turn}"
-            if last:
-                output = {
-                    "role": "assistant",
-                    "parts": [{"type": "text", "content": f"Fixed: {_text(rng, 60)}"}],
-                    "finish_reason": "stop",
-                }
-            else:
-                output = {
-                    "role": "assistant",
-                    "parts": [
-                        {"type": "text", "content": _text(rng, 25)},
-                        {"type": "tool_call", "id": call_id, "name": tool, "arguments": _tool_arguments(rng, tool)},
-                    ],
-                    "finish_reason": "tool_call",
-                }
-            duration = rng.randint(400, 3000) * 1_000_000
-            output_tokens = rng.randint(40, 400)
-            chat = tracer.start_span(
-                f"chat {model}",
-                context=context,
-                kind=SpanKind.CLIENT,
-                start_time=now,
-                attributes={
-                    "gen_ai.operation.name": "chat",
-                    "gen_ai.provider.name": "openai",
-                    "gen_ai.request.model": model,
-                    "gen_ai.response.model": model + "-2025-04-14",
-                    "gen_ai.response.id": f"chatcmpl-{PLACEHOLDER}-{turn}",
-                    "gen_ai.response.finish_reasons": [output["finish_reason"]],
-                    "gen_ai.request.temperature": 0.2,
-                    "gen_ai.request.max_tokens": 4096,
-                    "gen_ai.usage.input_tokens": input_tokens,
-                    "gen_ai.usage.output_tokens": output_tokens,
-                    "gen_ai.conversation.id": conversation,
-                    "server.address": "api.openai.com",
-                    "server.port": 443,
-                    "gen_ai.system_instructions": json.dumps([{"type": "text", "content": _SYSTEM_PROMPT}]),
-                    "gen_ai.tool.definitions": json.dumps(_TOOLS),
-                    "gen_ai.input.messages": json.dumps(messages),
-                    "gen_ai.output.messages": json.dumps([output]),
-                },
-            )
-            now += duration
-            chat.end(end_time=now)
-            messages.append(output)
-            input_tokens += output_tokens
-            if last:
-                break
-            arguments = output["parts"][1]["arguments"]
-            result = f"exit 0\n{_text(rng, rng.randint(40, 160))}"
-            tool_duration = rng.randint(5, 900) * 1_000_000
-            tool_span = tracer.start_span(
-                f"execute_tool {tool}",
-                context=context,
-                kind=SpanKind.INTERNAL,
-                start_time=now + 1_000_000,
-                attributes={
-                    "gen_ai.operation.name": "execute_tool",
-                    "gen_ai.tool.name": tool,
-                    "gen_ai.tool.type": "function",
-                    "gen_ai.tool.call.id": call_id,
-                    "gen_ai.tool.call.arguments": json.dumps(arguments),
-                    "gen_ai.tool.call.result": result,
-                    "gen_ai.conversation.id": conversation,
-                },
-            )
-            now += tool_duration + 2_000_000
-            tool_span.end(end_time=now)
-            messages.append(
-                {"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id, "response": result}]}
-            )
-            input_tokens += len(result) // 4
-        passed = rng.random() < 0.6
-        root.add_event(
-            "gen_ai.evaluation.result",
-            attributes={
-                "gen_ai.evaluation.name": "tests_pass",
-                "gen_ai.evaluation.score.value": 1.0 if passed else 0.0,
-                "gen_ai.evaluation.score.label": "pass" if passed else "fail",
-            },
-            timestamp=now,
-        )
-        if not passed:
-            root.set_status(Status(StatusCode.ERROR, "tests still failing"))
-        root.end(end_time=now + 1_000_000)
-        clock = now + 10_000_000
-        recorded = sorted(memory.get_finished_spans(), key=lambda span: span.start_time)
-        memory.clear()
-        spans.extend(recorded)
-    provider.shutdown()
+        clock = _record_trajectory(recorder.tracer, rng, clock)
+        spans.extend(sorted(recorder.take(), key=lambda span: span.start_time))
+    recorder.provider.shutdown()
     return spans[:spans_wanted]
+
+
+def _record_trajectory(tracer: Any, rng: random.Random, start: int) -> int:
+    """One coding-agent run from `start`: model calls with a tool run between consecutive ones, then
+    the test verdict as an evaluation event on the root. Returns when the next run may start."""
+    turns = rng.randint(3, 8)
+    task = f"Task {PLACEHOLDER}: the test for {_text(rng, 4)} fails with {_text(rng, 6)}. {_text(rng, 30)}"
+    run = AgentRun(tracer, _AGENT, PLACEHOLDER, start)
+    messages: list[dict[str, Any]] = [{"role": "user", "parts": [{"type": "text", "content": task}]}]
+    now = start + 2 * _MS
+    input_tokens = 900
+    for turn in range(1, turns + 1):
+        last = turn == turns
+        tool = rng.choice(_TOOLS)["name"]
+        call_id = f"call_{PLACEHOLDER}_{turn}"
+        if last:
+            parts = [{"type": "text", "content": f"Fixed: {_text(rng, 60)}"}]
+        else:
+            parts = [
+                {"type": "text", "content": _text(rng, 25)},
+                {"type": "tool_call", "id": call_id, "name": tool, "arguments": _tool_arguments(rng, tool)},
+            ]
+        output = {"role": "assistant", "parts": parts, "finish_reason": "stop" if last else "tool_call"}
+        duration = rng.randint(400, 3000) * _MS
+        output_tokens = rng.randint(40, 400)
+        run.chat(
+            messages, output, now, now + duration, response_id=f"chatcmpl-{PLACEHOLDER}-{turn}",
+            usage=(input_tokens, output_tokens),
+        )  # fmt: skip
+        now += duration
+        messages.append(output)
+        input_tokens += output_tokens
+        if last:
+            break
+        result = f"exit 0\n{_text(rng, rng.randint(40, 160))}"
+        tool_duration = rng.randint(5, 900) * _MS
+        arguments = parts[1]["arguments"]
+        run.tool(tool, call_id, arguments, now + _MS, now + tool_duration + 2 * _MS, result=result)
+        now += tool_duration + 2 * _MS
+        messages.append({"role": "tool", "parts": [{"type": "tool_call_response", "id": call_id, "response": result}]})
+        input_tokens += len(result) // 4
+    passed = rng.random() < 0.6
+    verdict = evaluation_attributes("tests_pass", passed)
+    run.span.add_event("gen_ai.evaluation.result", attributes=verdict, timestamp=now)
+    if not passed:
+        run.span.set_status(Status(StatusCode.ERROR, "tests still failing"))
+    run.end(now + _MS)
+    return now + 10 * _MS
 
 
 class BatchCloner:
@@ -362,28 +298,6 @@ class BatchCloner:
 # -- OTLP/JSON encoding (the Python SDK has no JSON exporter) ----------------------------------
 
 
-def _json_value(value: Any) -> dict[str, Any]:
-    if isinstance(value, str):
-        return {"stringValue": value}
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}
-    if isinstance(value, float):
-        return {"doubleValue": value}
-    if isinstance(value, bytes):
-        return {"bytesValue": base64.b64encode(value).decode("ascii")}
-    if isinstance(value, Mapping):
-        return {"kvlistValue": {"values": _json_attributes(value)}}
-    if isinstance(value, Sequence):
-        return {"arrayValue": {"values": [_json_value(item) for item in value]}}
-    return {"stringValue": str(value)}
-
-
-def _json_attributes(attributes: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    return [{"key": key, "value": _json_value(value)} for key, value in (attributes or {}).items()]
-
-
 def _json_span(span: Any) -> dict[str, Any]:
     context = span.context
     encoded: dict[str, Any] = {
@@ -393,7 +307,7 @@ def _json_span(span: Any) -> dict[str, Any]:
         "kind": span.kind.value + 1,  # SDK SpanKind starts at INTERNAL=0, OTLP at SPAN_KIND_INTERNAL=1
         "startTimeUnixNano": str(span.start_time),
         "endTimeUnixNano": str(span.end_time),
-        "attributes": _json_attributes(span.attributes),
+        "attributes": key_values(span.attributes),
         "flags": 0x100,  # as the SDK's protobuf encoder: "is_remote known", set below when it is
     }
     if span.parent is not None:
@@ -402,7 +316,7 @@ def _json_span(span: Any) -> dict[str, Any]:
             encoded["flags"] |= 0x200
     if span.events:
         encoded["events"] = [
-            {"timeUnixNano": str(event.timestamp), "name": event.name, "attributes": _json_attributes(event.attributes)}
+            {"timeUnixNano": str(event.timestamp), "name": event.name, "attributes": key_values(event.attributes)}
             for event in span.events
         ]
     if span.links:
@@ -410,7 +324,7 @@ def _json_span(span: Any) -> dict[str, Any]:
             {
                 "traceId": f"{link.context.trace_id:032x}",
                 "spanId": f"{link.context.span_id:016x}",
-                "attributes": _json_attributes(link.attributes),
+                "attributes": key_values(link.attributes),
             }
             for link in span.links
         ]
@@ -434,7 +348,7 @@ def encode_json(spans: Sequence[Any]) -> bytes:
     document = {
         "resourceSpans": [
             {
-                "resource": {"attributes": _json_attributes(resource.attributes)},
+                "resource": {"attributes": key_values(resource.attributes)},
                 "scopeSpans": [
                     {
                         "scope": {"name": name, "version": version} if scope is not None else {},
@@ -616,15 +530,9 @@ class ReusedBodies:
 
 
 def _make_exporter(transport: str, endpoint: str) -> Any:
-    if transport == "http-protobuf":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter(endpoint=endpoint, timeout=EXPORT_TIMEOUT_S)
-    if transport == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter(endpoint=endpoint, insecure=True, timeout=EXPORT_TIMEOUT_S)
-    return JsonExporter(endpoint, EXPORT_TIMEOUT_S)
+    if transport == "http-json":
+        return JsonExporter(endpoint, EXPORT_TIMEOUT_S)
+    return exporter("traces", endpoint, "grpc" if transport == "grpc" else "http/protobuf", EXPORT_TIMEOUT_S)
 
 
 def _make_poster(transport: str, endpoint: str) -> Any:
@@ -1059,7 +967,6 @@ def serve_profiled(config_path: str, output_path: str) -> None:
     import itertools
     import threading
 
-    sys.path.insert(0, str(REPO))
     profilers: list[cProfile.Profile] = []
     original_run = threading.Thread.run
 

@@ -13,10 +13,10 @@ the exact patterns). Every trajectory carries its true label per capability (``N
 or ``LACKING``), so the plans are the ground truth that tracefix's detectors are measured against.
 
 :func:`generate` builds the plans (pure, no I/O); :func:`send` emits them through the real
-OpenTelemetry SDK exactly as an instrumented agent would (GenAI semantic conventions: an
-``invoke_agent`` root span, ``chat`` spans with the full message history, ``execute_tool`` spans)
-and reports the outcome as a ``gen_ai.evaluation.result`` log record or as the root-span attribute
-``tracefix.outcome``.
+OpenTelemetry SDK exactly as an instrumented agent would (GenAI semantic conventions, written by
+:mod:`examples.otlp`: an ``invoke_agent`` root span, ``chat`` spans with the full message history,
+``execute_tool`` spans) and reports the outcome as a ``gen_ai.evaluation.result`` log record or as
+the root-span attribute ``tracefix.outcome``.
 
     python -m examples.traffic --endpoint http://127.0.0.1:4318 --trajectories 300 \\
         --failure-rate 0.4 --seed 7 --gaps precondition_verification=0.7:0.05
@@ -37,16 +37,15 @@ from dataclasses import asdict, dataclass
 from datetime import date, timedelta
 from typing import Any
 
-from opentelemetry import trace as trace_api
 from opentelemetry._logs import SeverityNumber
-from opentelemetry.context import Context
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from examples.otlp import Agent, AgentRun, dumps, evaluation_attributes, exporter
 
 __all__ = [
     "AGENT_NAME",
@@ -1434,14 +1433,6 @@ def summarize(plans: Sequence[TrajectoryPlan], gaps: GapProfile | Mapping[str, A
 # --------------------------------------------------------------------------------------------
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _input_message(message: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in message.items() if k != "finish_reason"}
-
-
 class _Counting:
     """Wraps an OTLP exporter and counts what the receiver accepted."""
 
@@ -1464,32 +1455,6 @@ class _Counting:
 
     def shutdown(self) -> None:
         self.inner.shutdown()
-
-
-def _exporters(endpoint: str, protocol: str, timeout_s: float) -> tuple[Any, Any]:
-    if protocol in ("http/protobuf", "http"):
-        from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        base = endpoint.rstrip("/")
-        for suffix in ("/v1/traces", "/v1/logs"):
-            if base.endswith(suffix):
-                base = base[: -len(suffix)]
-        return (
-            OTLPSpanExporter(endpoint=f"{base}/v1/traces", timeout=timeout_s),
-            OTLPLogExporter(endpoint=f"{base}/v1/logs", timeout=timeout_s),
-        )
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        insecure = not endpoint.startswith("https://")
-        target = endpoint.split("://", 1)[-1].rstrip("/")
-        return (
-            OTLPSpanExporter(endpoint=target, insecure=insecure, timeout=timeout_s),
-            OTLPLogExporter(endpoint=target, insecure=insecure, timeout=timeout_s),
-        )
-    raise ValueError(f"unknown protocol {protocol!r}; use http/protobuf or grpc")
 
 
 def _spans_of(plan: TrajectoryPlan) -> int:
@@ -1520,8 +1485,8 @@ class _Pipeline:
     def __init__(
         self, endpoint: str, protocol: str, service_name: str, timeout_s: float, spans: int, logs: int
     ) -> None:
-        span_exporter, log_exporter = _exporters(endpoint, protocol, timeout_s)
-        self.spans, self.logs = _Counting(span_exporter), _Counting(log_exporter)
+        self.spans = _Counting(exporter("traces", endpoint, protocol, timeout_s))
+        self.logs = _Counting(exporter("logs", endpoint, protocol, timeout_s))
         self.timeout_ms = int(timeout_s * 1000)
         resource = Resource.create(
             {"service.name": service_name, "service.version": "2.3.1", "deployment.environment.name": "production"}
@@ -1553,8 +1518,10 @@ class _Pipeline:
 
 
 _MS = 1_000_000  # nanoseconds
-_TOOLS_JSON = _dumps(TOOLS)
-_INSTRUCTIONS_JSON = _dumps([{"type": "text", "content": SYSTEM_INSTRUCTIONS}])
+_AGENT = Agent(
+    AGENT_NAME, MODEL, SYSTEM_INSTRUCTIONS, TOOLS, id="asst_skyways_support_v2", provider=PROVIDER,
+    response_model=RESPONSE_MODEL, temperature=0.2, server=("api.openai.com", 443),
+)  # fmt: skip
 
 
 def send(
@@ -1604,22 +1571,10 @@ def _emit(pipeline: _Pipeline, plan: TrajectoryPlan, start_ns: int, outcome_via:
     """One plan as one trace starting at `start_ns`: the agent's root span, a chat span per assistant
     message, an execute_tool span per tool result, and the outcome as a log record or root attribute."""
     pipeline.ids.use(plan.trace_id)
-    root_attributes: dict[str, Any] = {
-        "gen_ai.operation.name": "invoke_agent",
-        "gen_ai.agent.name": AGENT_NAME,
-        "gen_ai.agent.id": "asst_skyways_support_v2",
-        "gen_ai.conversation.id": plan.conversation_id,
-        "gen_ai.provider.name": PROVIDER,
-        "gen_ai.request.model": MODEL,
-        "user.id": plan.user_id,
-    }
+    attributes = {"user.id": plan.user_id}
     if outcome_via == "attribute":
-        root_attributes["tracefix.outcome"] = plan.outcome
-    root = pipeline.tracer.start_span(
-        f"invoke_agent {AGENT_NAME}", context=Context(), kind=SpanKind.INTERNAL,
-        attributes=root_attributes, start_time=start_ns,
-    )  # fmt: skip
-    parent = trace_api.set_span_in_context(root)
+        attributes["tracefix.outcome"] = plan.outcome
+    run = AgentRun(pipeline.tracer, _AGENT, plan.conversation_id, start_ns, attributes)
     call_by_id = {call.id: call for call in plan.calls}
     t = start_ns + 3 * _MS
     for index, message in enumerate(plan.messages):
@@ -1628,85 +1583,31 @@ def _emit(pipeline: _Pipeline, plan: TrajectoryPlan, start_ns: int, outcome_via:
             t += duration
             continue
         if message["role"] == "assistant":
-            attributes = _chat_attributes(plan, index)
-            span = pipeline.tracer.start_span(
-                f"chat {MODEL}", context=parent, kind=SpanKind.CLIENT, start_time=t, attributes=attributes
-            )
+            response_id = f"chatcmpl-{plan.trace_id[:12]}{index:04d}"
+            run.chat(plan.messages[:index], message, t, t + duration, response_id=response_id)
         else:  # a tool result: the execute_tool span that produced it
             call = call_by_id[message["parts"][0]["id"]]
-            span = pipeline.tracer.start_span(
-                f"execute_tool {call.name}", context=parent, kind=SpanKind.INTERNAL,
-                attributes=_tool_attributes(plan, call), start_time=t,
+            run.tool(
+                call.name, call.id, call.arguments, t, t + duration,
+                result=None if call.failed else dumps(call.result),
+                error=(call.error_type, call.error_message) if call.failed else None,
+                description=TOOLS_BY_NAME[call.name]["description"] if call.name in TOOLS_BY_NAME else None,
             )  # fmt: skip
-            if call.failed:
-                span.set_status(Status(StatusCode.ERROR, f"{call.error_type}: {call.error_message}"))
-        span.end(end_time=t + duration)
         t += duration + 2 * _MS
-    root.end(end_time=t + 4 * _MS)
+    run.end(t + 4 * _MS)
     if outcome_via == "log":
-        _emit_outcome(pipeline, plan, parent, t + 250 * _MS)
-
-
-def _chat_attributes(plan: TrajectoryPlan, index: int) -> dict[str, Any]:
-    """The chat span of the assistant message at `index`: the history before it in, the message out."""
-    message = plan.messages[index]
-    input_json = _dumps([_input_message(m) for m in plan.messages[:index]])
-    output_json = _dumps([message])
-    return {
-        "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": PROVIDER,
-        "gen_ai.request.model": MODEL,
-        "gen_ai.response.model": RESPONSE_MODEL,
-        "gen_ai.response.id": f"chatcmpl-{plan.trace_id[:12]}{index:04d}",
-        "gen_ai.conversation.id": plan.conversation_id,
-        "gen_ai.request.temperature": 0.2,
-        "gen_ai.system_instructions": _INSTRUCTIONS_JSON,
-        "gen_ai.tool.definitions": _TOOLS_JSON,
-        "gen_ai.input.messages": input_json,
-        "gen_ai.output.messages": output_json,
-        "gen_ai.response.finish_reasons": [message.get("finish_reason", "stop")],
-        "gen_ai.usage.input_tokens": (len(_INSTRUCTIONS_JSON) + len(_TOOLS_JSON) + len(input_json)) // 4,
-        "gen_ai.usage.output_tokens": max(1, len(output_json) // 4),
-        "server.address": "api.openai.com",
-        "server.port": 443,
-    }
-
-
-def _tool_attributes(plan: TrajectoryPlan, call: ToolCallPlan) -> dict[str, Any]:
-    attributes = {
-        "gen_ai.operation.name": "execute_tool",
-        "gen_ai.tool.name": call.name,
-        "gen_ai.tool.type": "function",
-        "gen_ai.tool.call.id": call.id,
-        "gen_ai.tool.call.arguments": _dumps(call.arguments),
-        "gen_ai.conversation.id": plan.conversation_id,
-    }
-    if call.name in TOOLS_BY_NAME:
-        attributes["gen_ai.tool.description"] = TOOLS_BY_NAME[call.name]["description"]
-    if call.failed:
-        attributes["error.type"] = call.error_type
-    else:
-        attributes["gen_ai.tool.call.result"] = _dumps(call.result)
-    return attributes
-
-
-def _emit_outcome(pipeline: _Pipeline, plan: TrajectoryPlan, context: Context, at_ns: int) -> None:
-    """The outcome as a `gen_ai.evaluation.result` log record in the trace's context."""
-    passed = plan.outcome == "success"
-    pipeline.logger.emit(
-        timestamp=at_ns,
-        observed_timestamp=at_ns,
-        context=context,
-        severity_number=SeverityNumber.INFO,
-        event_name="gen_ai.evaluation.result",
-        attributes={
-            "gen_ai.evaluation.name": "task_success",
-            "gen_ai.evaluation.score.label": "pass" if passed else "fail",
-            "gen_ai.evaluation.score.value": 1.0 if passed else 0.0,
-            "gen_ai.evaluation.explanation": "goal achieved" if passed else "goal not achieved",
-            "gen_ai.conversation.id": plan.conversation_id,
-        },
-    )
+        passed = plan.outcome == "success"
+        pipeline.logger.emit(
+            timestamp=t + 250 * _MS,
+            observed_timestamp=t + 250 * _MS,
+            context=run.context,
+            severity_number=SeverityNumber.INFO,
+            event_name="gen_ai.evaluation.result",
+            attributes={
+                **evaluation_attributes("task_success", passed, "goal achieved" if passed else "goal not achieved"),
+                "gen_ai.conversation.id": plan.conversation_id,
+            },
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -1748,7 +1649,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dump:
         with open(args.dump, "w", encoding="utf-8") as handle:
             for plan in plans:
-                handle.write(_dumps(plan.to_dict()) + "\n")
+                handle.write(dumps(plan.to_dict()) + "\n")
     if args.dry_run:
         summary = summarize(plans, profile)
     else:

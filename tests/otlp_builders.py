@@ -2,13 +2,15 @@
 
 Spans and log records are made with the real OpenTelemetry SDK and sent by its real OTLP exporters;
 OTLP/JSON requests are written by hand the way the specification shows them (hex ids, camelCase,
-64-bit integers as strings). One agent conversation is rendered in each attribute dialect tracefix
-reads. Run as a script, this module is the writer process of the durability tests.
+64-bit integers as strings), so a test can also make them wrong. One agent conversation is rendered
+in each attribute dialect tracefix reads; the GenAI conventions' attributes, the in-memory recorder,
+the exporters and the OTLP/JSON values come from `examples.otlp`, which the demo traffic and the
+ingest benchmark write with too. Run as a script, this module is the writer process of the
+durability tests.
 """
 
 from __future__ import annotations
 
-import base64
 import gzip
 import json
 import os
@@ -26,19 +28,16 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as GrpcLogExporter
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
 from opentelemetry.exporter.otlp.proto.http import Compression
-from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as HttpLogExporter
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk._logs import LoggerProvider, ReadableLogRecord
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from examples.otlp import Agent, Recorder, any_value, chat_attributes, exporter, key_values, tool_attributes
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
 JSON = {"Content-Type": "application/json"}
@@ -69,17 +68,14 @@ def hex_span_id(span: ReadableSpan) -> str:
 # --- spans and log records from the real SDK ---------------------------------------------------
 
 
-class AgentRecorder:
+class AgentRecorder(Recorder):
     """A TracerProvider of one service whose finished spans are kept, to be exported as one request.
 
     Timestamps come from a clock that advances 1 ms per event, so the order of spans is exact.
     """
 
     def __init__(self, service_name: str, scope: str = "agent-under-test", **resource: Any) -> None:
-        self.memory = InMemorySpanExporter()
-        self.provider = TracerProvider(resource=Resource.create({"service.name": service_name, **resource}))
-        self.provider.add_span_processor(SimpleSpanProcessor(self.memory))
-        self.tracer = self.provider.get_tracer(scope, "1.2.3")
+        super().__init__({"service.name": service_name, **resource}, scope, "1.2.3")
         self.clock = time.time_ns()
 
     def tick(self) -> int:
@@ -109,15 +105,6 @@ class AgentRecorder:
         span = self.start(name, attributes, parent)
         self.end(span)
         return span
-
-    def finished(self) -> list[ReadableSpan]:
-        return list(self.memory.get_finished_spans())
-
-    def take(self) -> list[ReadableSpan]:
-        """The finished spans, forgotten here so the next request holds only new ones."""
-        spans = self.finished()
-        self.memory.clear()
-        return spans
 
 
 def record_logs(service_name: str, records: Sequence[dict[str, Any]]) -> list[ReadableLogRecord]:
@@ -150,36 +137,27 @@ def record_logs(service_name: str, records: Sequence[dict[str, Any]]) -> list[Re
 # --- the SDK exporters ------------------------------------------------------------------------
 
 
-def export_http(daemon: Any, spans: Sequence[ReadableSpan], **options: Any) -> SpanExportResult:
-    exporter = HttpSpanExporter(endpoint=f"{daemon.http_url}/v1/traces", timeout=EXPORT_TIMEOUT_S, **options)
+def _exported(sender: Any, batch: Sequence[Any]) -> Any:
     try:
-        return exporter.export(spans)
+        return sender.export(batch)
     finally:
-        exporter.shutdown()
+        sender.shutdown()
+
+
+def export_http(daemon: Any, spans: Sequence[ReadableSpan], **options: Any) -> SpanExportResult:
+    return _exported(exporter("traces", daemon.http_url, "http/protobuf", EXPORT_TIMEOUT_S, **options), spans)
 
 
 def export_grpc(daemon: Any, spans: Sequence[ReadableSpan], **options: Any) -> SpanExportResult:
-    exporter = GrpcSpanExporter(endpoint=daemon.grpc_endpoint, insecure=True, timeout=EXPORT_TIMEOUT_S, **options)
-    try:
-        return exporter.export(spans)
-    finally:
-        exporter.shutdown()
+    return _exported(exporter("traces", daemon.grpc_endpoint, "grpc", EXPORT_TIMEOUT_S, **options), spans)
 
 
 def export_logs_http(daemon: Any, records: Sequence[ReadableLogRecord], **options: Any) -> Any:
-    exporter = HttpLogExporter(endpoint=f"{daemon.http_url}/v1/logs", timeout=EXPORT_TIMEOUT_S, **options)
-    try:
-        return exporter.export(records)
-    finally:
-        exporter.shutdown()
+    return _exported(exporter("logs", daemon.http_url, "http/protobuf", EXPORT_TIMEOUT_S, **options), records)
 
 
 def export_logs_grpc(daemon: Any, records: Sequence[ReadableLogRecord], **options: Any) -> Any:
-    exporter = GrpcLogExporter(endpoint=daemon.grpc_endpoint, insecure=True, timeout=EXPORT_TIMEOUT_S, **options)
-    try:
-        return exporter.export(records)
-    finally:
-        exporter.shutdown()
+    return _exported(exporter("logs", daemon.grpc_endpoint, "grpc", EXPORT_TIMEOUT_S, **options), records)
 
 
 def protobuf_request(spans: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
@@ -196,29 +174,6 @@ def post(url: str, body: bytes, headers: dict[str, str], **extra_headers: str) -
 
 
 # --- OTLP/JSON by hand --------------------------------------------------------------------------
-
-
-def any_value(value: Any) -> dict[str, Any]:
-    """An AnyValue in OTLP/JSON: int64 as a decimal string, bytes as base64."""
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}
-    if isinstance(value, float):
-        return {"doubleValue": value}
-    if isinstance(value, str):
-        return {"stringValue": value}
-    if isinstance(value, bytes):
-        return {"bytesValue": base64.b64encode(value).decode()}
-    if isinstance(value, (list, tuple)):
-        return {"arrayValue": {"values": [any_value(item) for item in value]}}
-    if isinstance(value, dict):
-        return {"kvlistValue": {"values": key_values(value)}}
-    raise TypeError(f"no OTLP AnyValue for {value!r}")
-
-
-def key_values(attributes: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"key": key, "value": any_value(value)} for key, value in attributes.items()]
 
 
 def json_span(
@@ -412,18 +367,11 @@ def _genai_message(message: Msg) -> dict[str, Any]:
 
 
 def _genai_chat(conversation: Conversation, inputs: list[Msg], output: Msg) -> dict[str, Any]:
-    finished = {"role": "assistant", **_genai_message(output), "finish_reason": "tool_call" if output.calls else "stop"}
-    return {
-        "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": "openai",
-        "gen_ai.request.model": MODEL,
-        "gen_ai.system_instructions": json.dumps([{"type": "text", "content": conversation.system}]),
-        "gen_ai.input.messages": json.dumps([_genai_message(message) for message in inputs]),
-        "gen_ai.output.messages": json.dumps([finished]),
-        "gen_ai.tool.definitions": json.dumps([{"type": "function", **tool} for tool in conversation.tools]),
-        "gen_ai.usage.input_tokens": 120 + 40 * len(inputs),
-        "gen_ai.usage.output_tokens": 25,
-    }
+    tools = [{"type": "function", **tool} for tool in conversation.tools]
+    agent = Agent("support_agent", MODEL, conversation.system, tools)
+    finished = {**_genai_message(output), "finish_reason": "tool_call" if output.calls else "stop"}
+    history = [_genai_message(message) for message in inputs]
+    return chat_attributes(agent, history, finished, usage=(120 + 40 * len(inputs), 25))
 
 
 def _indexed_message(prefix: str, message: Msg) -> dict[str, Any]:
@@ -563,16 +511,8 @@ def _tool_span(
 ) -> tuple[str, dict[str, Any]]:
     description = next(tool["description"] for tool in TOOLS if tool["name"] == call.name)
     if dialect == "genai":
-        attributes = {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": call.name,
-            "gen_ai.tool.type": "function",
-            "gen_ai.tool.description": description,
-            "gen_ai.tool.call.id": call.id,
-            "gen_ai.tool.call.arguments": json.dumps(call.arguments),
-        }
-        if error is None and result is not None:
-            attributes["gen_ai.tool.call.result"] = result
+        result = result if error is None else None
+        attributes = tool_attributes(call.name, call.id, call.arguments, result=result, description=description)
         return f"execute_tool {call.name}", {**attributes, **session}
     if dialect == "openinference":
         # The instrumented function's arguments, formatted by another serializer than the model's.
