@@ -6,7 +6,9 @@ as an OTLP/JSON export request in the OpenTelemetry GenAI semantic conventions: 
 `invoke_agent` root, one `chat` span per model turn (`gen_ai.input.messages`,
 `gen_ai.output.messages`, `gen_ai.system_instructions`, `gen_ai.tool.definitions`), one
 `execute_tool` span per tool result, and the reward as a `gen_ai.evaluation.result` event. The
-requests then go through the collector like live traffic (collectors/importer.py).
+requests then go through the collector like live traffic (collectors/importer.py). Each format's
+reader is a module of its own (collectors/tau_bench.py, collectors/tau2_bench.py);
+collectors/run_formats.py names them.
 
 Ids are derived from the run's identity, so importing the same file twice stores each run once.
 """
@@ -24,7 +26,6 @@ import orjson
 
 from daemon.core.semconv import EVALUATION_EVENT, decoded
 
-FORMATS = ("tau-bench", "tau2-bench")
 # Spacing of the made-up clock: benchmark files carry no timestamps, only the order of messages.
 _STEP_NS = 1_000_000_000
 _KIND_INTERNAL, _KIND_CLIENT = 1, 3
@@ -49,7 +50,7 @@ class AgentRun:
     attributes: dict[str, Any] = field(default_factory=dict)
 
 
-# --- τ-bench -------------------------------------------------------------------------------------
+# --- reading files -------------------------------------------------------------------------------
 
 
 def load_json(path: Path, what: str) -> Any:
@@ -70,52 +71,6 @@ def load_tools(path: Path) -> list[dict[str, Any]]:
     if not isinstance(tools, list) or not all(isinstance(tool, dict) for tool in tools):
         raise RunFormatError(f"{path}: expected a list of OpenAI function definitions")
     return tools
-
-
-def read_tau_bench(path: Path, tools: list[dict[str, Any]] | None = None) -> Iterator[AgentRun]:
-    """The runs of a τ-bench historical-trajectory file: a list of {task_id, trial, reward, traj}.
-
-    Ground truth under `info.task` (expected writes, the user's hidden goal) stays out: a deployed
-    agent's traces never carry it.
-    """
-    runs = load_json(path, "a τ-bench trajectory list")
-    if not isinstance(runs, list):
-        raise RunFormatError(f"{path}: a τ-bench file is a JSON list of runs, found {type(runs).__name__}")
-    for number, run in enumerate(runs):
-        if not isinstance(run, dict) or not isinstance(run.get("traj"), list):
-            raise RunFormatError(f"{path}: run {number} has no 'traj' list of chat messages")
-        task_id, trial = run.get("task_id", number), run.get("trial", 0)
-        messages = []
-        for message in run["traj"]:
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise RunFormatError(f"{path}: run {number} holds a message without a role")
-            message = dict(message)
-            content = message.get("content")
-            # τ-bench's environment turns a tool's exception into this text.
-            if message["role"] == "tool" and isinstance(content, str) and content.startswith("Error:"):
-                message["error"] = content.removeprefix("Error:").strip() or content
-            messages.append(message)
-        reward = run.get("reward")
-        yield AgentRun(
-            run_id=f"{path.stem}/task-{task_id}/trial-{trial}",
-            messages=messages,
-            tools=tools or [],
-            reward=float(reward) if isinstance(reward, (int, float)) else None,
-            evaluation_name="tau-bench",
-            attributes={"tau_bench.task_id": str(task_id), "tau_bench.trial": int(trial) if isinstance(trial, int) else 0},
-        )
-
-
-def read_runs(path: Path, run_format: str, tools_path: Path | None = None) -> Iterator[AgentRun]:
-    """The runs of `path` in `run_format` (one of FORMATS)."""
-    tools = load_tools(tools_path) if tools_path is not None else None
-    if run_format == "tau-bench":
-        return read_tau_bench(path, tools)
-    if run_format == "tau2-bench":
-        from collectors.tau2_bench import read_tau2_bench
-
-        return read_tau2_bench(path, tools)
-    raise RunFormatError(f"unknown format {run_format!r}; one of: {', '.join(FORMATS)}")
 
 
 # --- OTLP ---------------------------------------------------------------------------------------

@@ -796,7 +796,8 @@ def import_(
 ) -> None:  # fmt: skip
     """Load runs you already have through the collector: OTLP/JSON (one export request per line, or one
     document), or τ-bench / τ²-bench results turned into the traces an instrumented agent sends."""
-    from collectors.agent_runs import RunFormatError, read_runs, trace_requests
+    from collectors.agent_runs import RunFormatError, trace_requests
+    from collectors.run_formats import read_runs
     from collectors.importer import ImportFailed, import_file, import_requests
 
     settings = _settings(config_path)
