@@ -15,7 +15,8 @@ pytest.importorskip("transformers")
 from trainer import model as models  # noqa: E402
 from trainer.environment import Environment, load_tools, rollout  # noqa: E402
 from trainer.families import load_families  # noqa: E402
-from trainer.validation import ValidationSettings, validate  # noqa: E402
+from daemon.core.settings import ValidationSettings  # noqa: E402
+from trainer.validation import validate  # noqa: E402
 
 TOOLS = load_tools(json.loads((Path(__file__).parent / "fixtures" / "tools" / "retail.json").read_text()))
 

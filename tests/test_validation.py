@@ -13,7 +13,8 @@ from pathlib import Path
 
 from trainer.environment import Instance, Policy, load_tools, noop_policy, solution_policy
 from trainer.families import load_families
-from trainer.validation import HintedInstance, ValidationSettings, validate
+from daemon.core.settings import ValidationSettings
+from trainer.validation import HintedInstance, validate
 
 TOOLS = load_tools(json.loads((Path(__file__).parent / "fixtures" / "tools" / "airline.json").read_text()))
 FAMILY = next(f for f in load_families().values() if f.capability == "precondition_verification")

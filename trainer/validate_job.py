@@ -19,12 +19,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from daemon.core.settings import ValidationSettings
 from trainer.environment import Family, Instance, Policy, Tool
 from trainer.families import build_environment
 from trainer.jobs import RequestError, exit_with_parent, limit_memory, write_atomically
 from trainer.jobs import read_request as read_request_keys
 from trainer.model import ModelUnavailable
-from trainer.validation import ValidationSettings, validate
+from trainer.validation import validate
 
 MODEL_KEYS = ("name", "cache_dir", "max_new_tokens", "threads")
 GATE_KEYS = ("seeds", "group_size", "mean_low", "mean_high", "min_std", "min_variance_groups", "hint_shares")
@@ -54,10 +55,7 @@ def run_gate(
         rollouts += 1
         return policy.for_rollout(instance, index)
 
-    settings = ValidationSettings(
-        **{key: gate_settings[key] for key in GATE_KEYS if key != "hint_shares"},
-        hint_shares=tuple(gate_settings["hint_shares"]),
-    )
+    settings = ValidationSettings(**{key: gate_settings[key] for key in GATE_KEYS})
     report = validate(family, tools, policy_for, settings, difficulty)
     return {
         **report.to_dict(),

@@ -14,21 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from daemon.core.settings import ValidationSettings
 from trainer.environment import Environment, Family, Instance, Message, Policy, Tool, rollout
 
 # A policy for one rollout: (instance, index of the rollout within its group) -> policy.
 PolicyFactory = Callable[[Instance, int], Policy]
-
-
-@dataclass(frozen=True, slots=True)
-class ValidationSettings:
-    seeds: int = 100  # groups; each group shares one seed
-    group_size: int = 8
-    mean_low: float = 0.3
-    mean_high: float = 0.6
-    min_std: float = 0.2
-    min_variance_groups: float = 0.6
-    hint_shares: tuple[float, ...] = (0.25, 0.5)
 
 
 @dataclass(slots=True)
