@@ -30,7 +30,8 @@ def test_demo_settings_never_override_the_users_file_or_environment(tmp_path: Pa
 
 def test_fast_settings_skip_the_gate_and_train_on_fewer_demonstrations(tmp_path: Path) -> None:
     settings, variables = layered_settings(None, fast=True, environ={})
-    assert settings.training.steps == 0 and not settings.validation.enabled
+    assert not settings.validation.enabled
+    assert settings.training.recipe == "sft+grpo" and settings.training.steps > 0  # GRPO follows the warm start here too
     assert settings.training.warm_start_examples < layered_settings(None, fast=False, environ={})[0].training.warm_start_examples
     assert variables["TRACEFIX_VALIDATION_ENABLED"] == "false" and variables["TRACEFIX_VALIDATION_HINT_SHARES"] == "[]"
     assert settings.promotion.canary_min_trajectories < 30

@@ -50,7 +50,8 @@ def prefill(model: Any, ids: Sequence[int], **model_arguments: Any) -> Any:
     import torch
 
     with torch.no_grad():
-        output = model(input_ids=torch.tensor([list(ids)]), use_cache=True, logits_to_keep=1, **model_arguments)
+        device = next(model.parameters()).device
+        output = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=True, logits_to_keep=1, **model_arguments)
     return output.cache
 
 

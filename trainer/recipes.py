@@ -169,6 +169,7 @@ def train(environment: Environment, model_dir: Path, directory: Path, config: Tr
         if (trial_dir / "trial.json").exists():  # finished before the run was stopped
             trial = json.loads((trial_dir / "trial.json").read_text())
             kept[recipe] = _load_state(trial_dir, "trial")
+            warm_report = trial.get("warm_start") or warm_report
             tried.append(trial)
             continue
         longest = max((item.get("seconds", 0.0) for item in tried), default=0.0)

@@ -216,6 +216,8 @@ def _generate(
     starts = starts or [[] for _ in episodes]
     tails = [episode.context[len(opening) :] + list(start) for episode, start in zip(episodes, starts, strict=True)]
     input_ids, attention = layout(opening, tails, pad)
+    device = next(model.parameters()).device  # the first GPU when training there
+    input_ids, attention = input_ids.to(device), attention.to(device)
     width = input_ids.shape[1]
     cached = {"cache": repeated(opening_cache, len(episodes))} if opening_cache is not None else {}
     sample = sampling.temperature > 0

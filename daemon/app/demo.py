@@ -40,7 +40,7 @@ DEMO: dict[str, dict[str, Any]] = {
     # The warm start teaches what the 135M model lacks; a few GRPO steps follow it, and the run's
     # report measures what they added on the same held-out seeds (docs/performance.md).
     "training": {
-        "recipe": "sft+grpo", "steps": 4, "group_size": 4, "groups_per_step": 2, "micro_batch": 2, "num_iterations": 2,
+        "recipe": "sft+grpo", "steps": 3, "group_size": 4, "groups_per_step": 2, "micro_batch": 2, "num_iterations": 2,
         "learning_rate": 2e-4, "warm_start_examples": 96, "warm_start_epochs": 2, "eval_seeds": 24, "eval_interference": False,
         "save_steps": 2, "threads": 2,
     },  # fmt: skip
