@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from daemon.app.routes.dependencies import CurrentDaemon
 from daemon.promotion.router_client import RouterError
-from daemon.promotion.routing_stats import routing_latency, served
+from daemon.promotion.served_traffic import routing_latency, served
 
 router = APIRouter()
 
