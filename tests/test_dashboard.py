@@ -31,7 +31,7 @@ from tests.conftest import REPO, RunningDaemon, free_port, make_daemon, wait_for
 from tests.otlp_builders import JSON, json_bytes, json_span, json_traces, new_span_id, post
 from trainer.checks import check
 from trainer.environment import Environment, load_tools
-from trainer.evaluation import Comparison, Score
+from trainer.evaluation import Comparison, Score, paired
 from trainer.families import load_families
 from trainer.validation import Attempt, ValidationReport
 
@@ -68,6 +68,8 @@ def _evaluation(capability: str, base_wins: int, adapter_wins: int) -> dict[str,
         "target": own.to_dict(),
         "interference": [item.to_dict() for item in others],
         "replay": {"cases": 12, "reproducible": 9, "base_lacking": 8, "adapter_lacking": 2, "items": []},
+        # What GRPO added to the warm start on the same seeds, as trainer.evaluation.paired reports it.
+        "grpo_added": paired([seed % 3 == 0 for seed in range(50)], [seed % 3 == 0 or seed % 5 == 1 for seed in range(50)]),
     }
 
 
@@ -77,6 +79,7 @@ def _progress(step: int) -> dict[str, Any]:
         "step": step, "max_steps": STEPS, "mean_reward": round(0.2 + 0.08 * step, 4),
         "success_rate": round(0.05 + 0.1 * step, 4), "zero_variance_groups": max(0, 2 - step // 3), "groups": 2,
         "loss": 0.01, "rollouts": 8 * step, "tokens_per_s": 40.0, "elapsed_s": 30.0 * step,
+        "clip_fraction_max": round(0.01 * step, 4), "ratio_mean": 1.001, "kl": round(0.002 * (step - 1), 4),
     }  # fmt: skip
 
 
@@ -105,7 +108,15 @@ def seed_pipeline(directory: Path) -> None:
         evaluation = _evaluation(capability, 5 + index, 40 - index)
         result = {
             "run_id": run["run_id"], "capability": capability, "verdict": "candidate", "evaluation": evaluation,
-            "training": {"resumed_from": None, "warm_start": None, "rollouts": 8 * STEPS}, "steps": STEPS,
+            "training": {
+                "resumed_from": None, "warm_start": None, "rollouts": 8 * STEPS, "recipe": "sft+grpo",
+                "tried": [
+                    {"recipe": "sft", "validation": {"success_rate": 0.25, "mean_reward": 0.4}, "seconds": 300.0},
+                    {"recipe": "sft+grpo", "validation": {"success_rate": 0.5, "mean_reward": 0.6}, "seconds": 900.0},
+                    {"recipe": "guided_grpo", "skipped": "120 s of the budget left"},
+                ],
+            },
+            "steps": STEPS,
             "seconds": 241.0, "adapter": str(run_dir / "adapter"),
         }  # fmt: skip
         assert runs.add_candidate(run, str(run_dir / "adapter"), "0" * 64, result) is not None
@@ -280,6 +291,11 @@ def test_pipeline_page_shows_validation_figures_a_sampled_instance_and_training_
     assert any("mean reward" in spec and "success rate" in spec for spec in specs)
     assert any("zero variance" in spec for spec in specs)
     assert any("groups with variance" in spec for spec in specs)  # the gate's figures against their bands
+    # The run names its recipe, what GRPO added to the warm start, and the recipes tried on validation seeds.
+    assert "Recipe **sft+grpo**. GRPO added +0.14 [" in shown, shown
+    tried = next(frame.value for frame in test.dataframe if "validation success" in frame.value.columns)
+    assert list(tried["recipe"]) == ["sft", "sft+grpo", "guided_grpo"] and list(tried["validation success"])[:2] == [0.25, 0.5]
+    assert any("clipped tokens" in spec and "KL to start" in spec for spec in specs)
 
 
 def test_approve_on_the_adapters_page_makes_the_candidate_approved_with_the_token(
