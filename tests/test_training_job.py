@@ -211,6 +211,17 @@ def test_tracefix_train_runs_one_in_the_foreground_on_a_tools_file(tmp_path: Pat
     # The same run directory again: the adapter version exists and is never overwritten.
     again = subprocess.run(command, cwd=REPO, env=environ, capture_output=True, text=True, timeout=300)
     assert again.returncode == 1 and "exists" in again.stderr
+    # Recipe 'auto' from the command line, told in words: every recipe tried on the validation
+    # seeds, the one kept, and what GRPO added when the kept one warm-started first.
+    auto = [*command[: command.index("--output")], "--output", str(tmp_path / "auto"), "--recipe", "auto"]
+    told = subprocess.run([item for item in auto if item != "--json"], cwd=REPO, env={**environ, "TRACEFIX_TRAINING_VALIDATION_SEEDS": "2"},
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert told.returncode == 0, told.stderr[-2000:]
+    lines = told.stdout.splitlines()
+    kept = next(line for line in lines if line.startswith("recipe: ")).removeprefix("recipe: ")
+    assert kept in ("sft", "sft+grpo", "guided_grpo", "grpo")
+    assert [line.split(":")[0].strip() for line in lines if "validation success" in line] == ["sft", "sft+grpo", "guided_grpo", "grpo"]
+    assert any(line.startswith("GRPO added") for line in lines) == (kept == "sft+grpo")
 
 
 def test_a_runs_progress_is_told_by_its_phase() -> None:

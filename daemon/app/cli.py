@@ -11,6 +11,7 @@ from typing import Any
 import click
 import orjson
 
+from daemon.core.progress import grpo_added_text, progress_text
 from daemon.core.settings import RECIPES, ConfigError, Settings, load_settings
 
 config_option = click.option(
@@ -652,6 +653,8 @@ def train(
                            status=f"loss {record['loss']:.4f}")  # fmt: skip
             elif phase == "evaluation":
                 bar.update(task, description=f"evaluating {capability}", status=record["part"])
+            elif phase == "recipe":
+                bar.update(task, description=f"recipe {record['recipe']}", status=progress_text(record))
             else:
                 status = (f"reward {record['mean_reward']:.2f}  success {record['success_rate']:.0%}  "
                           f"zero-variance groups {record['zero_variance_groups']}/{record['groups']}  loss {record['loss']:.4f}")  # fmt: skip
@@ -673,6 +676,12 @@ def train(
     )
     for reason in result["evaluation"]["reasons"]:
         click.echo(f"  {reason}")
+    click.echo(f"recipe: {result['training']['recipe']}")
+    for trial in result["training"]["tried"]:
+        if "validation" in trial:
+            click.echo(f"  {trial['recipe']}: validation success {trial['validation']['success_rate']:.2f}")
+    if added := grpo_added_text(result["evaluation"].get("grpo_added")):
+        click.echo(added)
     click.echo(f"adapter: {result['adapter']}" if result["adapter"] else "no adapter saved")
 
 
