@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 Progress = Callable[[dict[str, Any]], None]
 KEEP_CHECKPOINTS = 2
+NO_UPDATE = {"loss": 0.0, "clip_fraction": 0.0, "ratio_mean": 1.0, "kl": 0.0, "grad_norm": 0.0, "clip_fraction_max": 0.0}
 
 
 @dataclass(slots=True)
@@ -187,7 +188,8 @@ def grpo(
                     rows = [completion.ids for completion in completions]
                     for completion, logprobs in zip(completions, group_logprobs(model, prompt, rows, config.micro_batch), strict=True):
                         completion.reference = logprobs
-        update = optimise(model, optimizer, groups, config) if groups else {"loss": 0.0, "clip_fraction": 0.0, "ratio_mean": 1.0, "kl": 0.0}
+        # A step whose every group earned equal rewards teaches nothing: no update, and it says so.
+        update = optimise(model, optimizer, groups, config) if groups else dict(NO_UPDATE)
         record = {
             "phase": phase, "step": step + 1, "max_steps": config.steps,
             "mean_reward": round(stats.mean_reward, 4), "success_rate": round(stats.success_rate, 4),
