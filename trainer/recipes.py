@@ -30,7 +30,7 @@ from transformers import PrinterCallback, TrainerCallback
 
 from daemon.core.settings import TrainingSettings
 from trainer.environment import Environment
-from trainer.grpo import adapter_weights, grpo
+from trainer.grpo import grpo, latest_checkpoint
 from trainer.rollouts import Sampling, demonstration
 
 Progress = Callable[[dict[str, Any]], None]
@@ -170,6 +170,9 @@ def train(environment: Environment, model_dir: Path, directory: Path, config: Tr
             trial = json.loads((trial_dir / "trial.json").read_text())
             kept[recipe] = _load_state(trial_dir, "trial")
             warm_report = trial.get("warm_start") or warm_report
+            if (trial_dir / "grpo.json").exists():  # its GRPO steps, and the checkpoint it ended on
+                grpo_report = json.loads((trial_dir / "grpo.json").read_text())
+                grpo_report["resumed_from"] = f"{grpo_report['checkpoint']} (finished)"
             tried.append(trial)
             continue
         longest = max((item.get("seconds", 0.0) for item in tried), default=0.0)
@@ -193,7 +196,11 @@ def train(environment: Environment, model_dir: Path, directory: Path, config: Tr
                 kept["sft"] = lora_state(model)
         if "grpo" in recipe:
             guided = config.guided_share if recipe == "guided_grpo" else 0.0
-            grpo_report = grpo(model, tokenizer, environment, config, directory / "checkpoints" / recipe, progress, guided)
+            checkpoints = directory / "checkpoints" / recipe
+            grpo_report = grpo(model, tokenizer, environment, config, checkpoints, progress, guided)
+            last = latest_checkpoint(checkpoints)
+            (trial_dir / "grpo.json").parent.mkdir(parents=True, exist_ok=True)
+            (trial_dir / "grpo.json").write_text(json.dumps({**grpo_report, "checkpoint": last.name if last else None}))
             trial["rollouts"] = grpo_report["rollouts"]
         if auto:
             trial["validation"] = validation_score(model, tokenizer, environment, config)
