@@ -104,12 +104,19 @@ def take_rollouts(model: Any, tokenizer: Any, environment: Environment, config: 
     )  # fmt: skip
 
 
+def lora_state(model: Any) -> dict[str, Any]:
+    """A copy of the model's LoRA weights (what ``adapter_weights`` and ``set_peft_model_state_dict`` take)."""
+    from peft import get_peft_model_state_dict
+
+    return {name: tensor.detach().clone() for name, tensor in get_peft_model_state_dict(model).items()}
+
+
 @contextmanager
 def adapter_weights(model: Any, state: dict[str, Any]) -> Iterator[None]:
     """The model with the LoRA weights ``state`` for the duration (its own weights put back after)."""
-    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from peft import set_peft_model_state_dict
 
-    own = {name: tensor.detach().clone() for name, tensor in get_peft_model_state_dict(model).items()}
+    own = lora_state(model)
     set_peft_model_state_dict(model, state)
     try:
         yield
@@ -165,11 +172,10 @@ def grpo(
     ``directory`` and resuming from its newest checkpoint. Returns the report: where it resumed
     from, the step records and the number of rollouts."""
     import torch
-    from peft import get_peft_model_state_dict
 
     parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=config.learning_rate, weight_decay=0.0)
-    reference = {name: tensor.detach().clone() for name, tensor in get_peft_model_state_dict(model).items()}
+    reference = lora_state(model)
     history: list[dict[str, Any]] = []
     rollouts_taken, start = 0, 0
     resume = latest_checkpoint(directory)

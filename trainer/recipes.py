@@ -30,7 +30,7 @@ from transformers import PrinterCallback, TrainerCallback
 
 from daemon.core.settings import TrainingSettings
 from trainer.environment import Environment
-from trainer.grpo import grpo, latest_checkpoint
+from trainer.grpo import grpo, latest_checkpoint, lora_state
 from trainer.rollouts import Sampling, demonstration
 
 Progress = Callable[[dict[str, Any]], None]
@@ -74,12 +74,6 @@ def load_policy(model_dir: Path, config: TrainingSettings) -> tuple[Any, Any]:
     if torch.cuda.is_available():
         base = base.to("cuda")
     return get_peft_model(base, lora_config(config)), tokenizer
-
-
-def lora_state(model: Any) -> dict[str, Any]:
-    from peft import get_peft_model_state_dict
-
-    return {name: tensor.detach().clone() for name, tensor in get_peft_model_state_dict(model).items()}
 
 
 def warm_start(model: Any, tokenizer: Any, environment: Environment, config: TrainingSettings, directory: Path, progress: Progress | None = None) -> dict[str, Any]:
