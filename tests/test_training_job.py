@@ -167,26 +167,67 @@ def test_a_run_stopped_with_the_daemon_is_requeued_and_resumes_from_its_checkpoi
     runner = _runner(store, analysis, runs, tiny_model, recipe="grpo", steps=3, warm_start_examples=0)
     worker = threading.Thread(target=runner.run_pass)
     worker.start()
+    # The job is frozen (SIGSTOP) the moment its first checkpoint is complete, so the stop below
+    # always lands mid-run, however fast the machine finishes the remaining steps.
+    first = runner.directory / "run-1" / "checkpoints" / "grpo" / "checkpoint-1" / "trainer_state.json"
     deadline = time.monotonic() + 120
-    checkpoint = None
-    while time.monotonic() < deadline and checkpoint is None:
-        listed = runs.runs()
-        if listed and (Path(listed[0]["directory"]) / "checkpoints" / "grpo" / "checkpoint-1" / "trainer_state.json").exists():
-            checkpoint = listed[0]
-        time.sleep(0.2)
+    while time.monotonic() < deadline and not first.exists():
+        time.sleep(0.01)
+    frozen = _training_processes()
+    for process in frozen:
+        process.suspend()
     runner.stop()
     worker.join(timeout=30)
-    assert checkpoint is not None and not _training_processes()
-    assert runs.run(checkpoint["run_id"])["status"] == "queued"
+    assert first.exists() and len(frozen) == 1 and not _training_processes()
+    assert not (runner.directory / "run-1" / "result.json").exists()
+    assert runs.run(1)["status"] == "queued"
     # A new daemon picks the queued run up again; it resumes instead of starting over.
     again = _runner(store, analysis, runs, tiny_model, recipe="grpo", steps=3, warm_start_examples=0)
-    assert again.run_pass() == checkpoint["run_id"]
-    finished = runs.run(checkpoint["run_id"])
+    assert again.run_pass() == 1
+    finished = runs.run(1)
     assert finished["status"] == "candidate", finished["error"]
     assert finished["result"]["training"]["resumed_from"].startswith("checkpoint-")
     records = [json.loads(line) for line in (Path(finished["directory"]) / "progress.jsonl").read_text().splitlines()]
     steps = [record["step"] for record in records if record.get("phase") == "grpo"]
     assert steps[-1] == 3 and sorted(set(steps)) == [1, 2, 3]
+
+
+def test_a_job_that_already_finished_is_not_run_again(runner_store: tuple[Store, AnalysisStore, RunStore], tiny_model: Path) -> None:
+    """A daemon stopped the moment its job finished requeues the run: the job's second start returns
+    the first one's outcome instead of training again and failing on its own immutable adapter."""
+    import subprocess
+    import sys
+
+    store, analysis, runs = runner_store
+    run = runs.run(_runner(store, analysis, runs, tiny_model).run_pass())
+    assert run["status"] == "candidate", run["error"]
+    directory = Path(run["directory"])
+    command = [sys.executable, "-m", "trainer.train_job", "--request", str(directory / "request.json"), "--run-dir", str(directory)]
+    progress = (directory / "progress.jsonl").read_text()
+    adapter = (directory / "adapter" / "manifest.json").read_bytes()
+
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert json.loads((directory / "result.json").read_text()) == run["result"]
+    assert (directory / "progress.jsonl").read_text() == progress  # nothing trained or evaluated again
+
+    # Killed after publishing the adapter, before writing result.json: the result comes from the manifest.
+    (directory / "result.json").unlink()
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    rebuilt = json.loads((directory / "result.json").read_text())
+    assert rebuilt["verdict"] == "candidate" and rebuilt["adapter"] == run["result"]["adapter"]
+    assert rebuilt["evaluation"] == run["result"]["evaluation"] and rebuilt["steps"] == run["result"]["steps"]
+    assert rebuilt["training"]["recipe"] == run["result"]["training"]["recipe"] and rebuilt["recovered_from"] == "adapter manifest"
+    assert (directory / "progress.jsonl").read_text() == progress
+    assert (directory / "adapter" / "manifest.json").read_bytes() == adapter
+
+    # An adapter left there that does not verify is refused with the reason, never published.
+    (directory / "result.json").unlink()
+    (directory / "adapter" / "adapter_model.safetensors").write_bytes(b"tampered")
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 1 and "does not verify" in again.stderr.splitlines()[-1]
+    assert not (directory / "result.json").exists()
 
 
 def test_tracefix_train_runs_one_in_the_foreground_on_a_tools_file(tmp_path: Path, tiny_model: Path) -> None:

@@ -6,7 +6,8 @@ subprocess (bounded memory, killable, resumable from its checkpoints):
 
 Progress goes to ``RUN_DIR/progress.jsonl`` (one JSON record per step, flushed), the outcome to
 ``RUN_DIR/result.json`` (written atomically): verdict ``candidate`` or ``rejected_by_eval`` with the
-evaluation report, and the adapter directory. The adapter is written whole or not at all.
+evaluation report, and the adapter directory. The adapter is written whole or not at all. A start
+on a run directory whose job already finished returns that outcome and does no work again.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from daemon.core.settings import TrainingSettings
-from trainer.adapters import base_model_hash, save_adapter
+from trainer.adapters import AdapterRejected, base_model_hash, save_adapter, verify_adapter
 from trainer.environment import Environment
 from trainer.evaluation import compare
 from trainer.families import build_environment, load_families
@@ -33,6 +34,44 @@ from trainer.rollouts import Sampling
 from trainer.jobs import RequestError, exit_with_parent, limit_memory, read_request, run_job, write_atomically
 
 REQUIRED = ("run_id", "capability", "version", "family", "difficulty", "tools", "model", "training", "evaluation")
+
+
+def finished_result(request: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
+    """The outcome of this run's job when an earlier start of it already finished: its
+    ``result.json``, or, when the job was killed after publishing the adapter and before writing
+    that file, the result rebuilt from the adapter's manifest. None when there is work left.
+
+    A daemon stopped in the moment its job finished requeues the run; this keeps the rerun from
+    training and evaluating again, and from failing on its own immutable adapter."""
+    path = run_dir / "result.json"
+    if path.is_file():
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            result = None  # written atomically, so only a foreign file reads badly: redo the run
+        if isinstance(result, dict) and result.get("run_id") == request["run_id"]:
+            return result
+    directory = run_dir / "adapter"
+    if not directory.exists():
+        return None
+    try:
+        manifest = verify_adapter(directory)
+    except AdapterRejected as error:
+        raise RequestError(f"{directory} is left from an earlier start of this run and does not verify: {error}") from error
+    if (manifest.get("capability"), manifest.get("version")) != (request["capability"], request["version"]):
+        raise RequestError(f"{directory} holds {manifest.get('capability')} v{manifest.get('version')}, not this run's adapter")
+    metrics = manifest["metrics"]
+    return {
+        "run_id": request["run_id"],
+        "capability": request["capability"],
+        "verdict": "candidate",
+        "evaluation": metrics["evaluation"],
+        "training": {"recipe": manifest["recipe"], **{key: metrics[key] for key in ("tried", "warm_start", "rollouts")}},
+        "steps": metrics.get("steps"),
+        "seconds": None,
+        "adapter": str(directory),
+        "recovered_from": "adapter manifest",
+    }
 
 
 def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
@@ -95,6 +134,7 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
             "training": config.model_dump(mode="json"),
             "metrics": {
                 "evaluation": verdict, "tried": report["tried"], "warm_start": report["warm_start"], "rollouts": report["rollouts"],
+                "steps": len(report["steps"]),
             },  # fmt: skip
             "created_at": datetime.now(timezone.utc).isoformat(),
         }
@@ -114,6 +154,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         limit_memory(request.get("memory_mb"))
         exit_with_parent()
         arguments.run_dir.mkdir(parents=True, exist_ok=True)
+        finished = finished_result(request, arguments.run_dir)
+        if finished is not None:
+            write_atomically(arguments.run_dir / "result.json", finished)
+            return
         with (arguments.run_dir / "progress.jsonl").open("a") as log:
 
             def progress(record: dict[str, Any]) -> None:

@@ -107,7 +107,6 @@ class TrainingRunner:
         directory.mkdir(parents=True, exist_ok=True)
         request = directory / "request.json"
         request.write_text(json.dumps(self._request(run, environment), indent=2))
-        (directory / "result.json").unlink(missing_ok=True)
         log.info("training run %d: %s v%d on environment %d", run_id, run["capability"], run["version"], environment["environment_id"])
         try:
             returncode = self.subprocess.run(
