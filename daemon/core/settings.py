@@ -428,6 +428,10 @@ class PromotionSettings(Section):
     canary: bool = Field(True, description="A newly approved version first takes a share of its capability's traffic.")
     canary_fraction: float = Field(0.2, gt=0, lt=1, description="Share of the capability's traffic the canary takes.")
     canary_min_trajectories: int = Field(50, ge=1, description="Routed trajectories with outcomes the canary needs before a verdict.")
+    reference_min_trajectories: int = Field(
+        10, ge=1, description="Outcomes a canary's reference needs: the control's in the canary window, else the control's routed "
+        "outcomes before the canary; with neither the verdict waits.",
+    )  # fmt: skip
     watch: bool = Field(True, description="Roll a live adapter back when its failure rate gets worse than before promotion.")
     watch_min_trajectories: int = Field(50, ge=1, description="Trajectories with outcomes on a live adapter before it can be rolled back.")
     confidence: float = Field(0.95, gt=0.5, lt=1, description="Confidence of the failure-rate comparisons (Newcombe interval of the difference).")

@@ -59,7 +59,7 @@ def judge(candidate: Rate, reference: Rate, confidence: float, what: str, agains
     is never rolled back on noise, and never kept when it clearly fails more."""
     z = z_of(confidence)
     if reference.total == 0:
-        return Verdict(False, 0.0, -1.0, 1.0, f"{what} failure rate {candidate.text(z)}; no {against} outcomes to compare with")
+        return Verdict(False, 0.0, -1.0, 1.0, f"{what} failure rate {candidate.text(z)}; no reference to compare with ({against})")
     delta, low, high = difference(candidate.failures, candidate.total, reference.failures, reference.total, z)
     worse = low > 0
     comparison = "worse than" if worse else "not worse than"
@@ -70,9 +70,11 @@ def judge(candidate: Rate, reference: Rate, confidence: float, what: str, agains
     )  # fmt: skip
 
 
-def routed_outcomes(store: Store, capability: str, since_ns: int) -> dict[str, Rate]:
-    """Per expert that served `capability`'s traffic since `since_ns`: its trajectories' outcomes."""
-    return {row["expert"]: Rate(int(row["failures"]), int(row["total"])) for row in served.routed_outcomes(store, capability, since_ns)}
+def routed_outcomes(store: Store, capability: str, since_ns: int, until_ns: int | None = None) -> dict[str, Rate]:
+    """Per expert that served `capability`'s traffic since `since_ns` (before `until_ns` when given):
+    its trajectories' outcomes."""
+    rows = served.routed_outcomes(store, capability, since_ns, until_ns)
+    return {row["expert"]: Rate(int(row["failures"]), int(row["total"])) for row in rows}
 
 
 def capability_failure_rate(store: Store, capability: str, window: str) -> Rate:

@@ -122,8 +122,8 @@ class Promotion:
         arms = routed_outcomes(self.store, adapter["capability"], adapter["routed_since_ns"])
         own = arms.get(name, Rate(0, 0))
         if adapter["state"] == "canary":
-            control_name = self._control_name(adapter)
-            reference, against, needed = arms.get(control_name, Rate(0, 0)), control_name, self.settings.promotion.canary_min_trajectories
+            reference, against = self._canary_reference(adapter, arms)
+            needed = self.settings.promotion.canary_min_trajectories
         else:
             baseline = adapter.get("baseline") or {}
             reference, against, needed = Rate(baseline.get("failures", 0), baseline.get("total", 0)), "before promotion", self.settings.promotion.watch_min_trajectories
@@ -213,12 +213,13 @@ class Promotion:
         return decisions
 
     def _judge_canary(self, adapter: dict[str, Any], router: RouterClient) -> list[Decision]:
-        name, control = served_name(adapter), self._control_name(adapter)
+        name = served_name(adapter)
         arms = routed_outcomes(self.store, adapter["capability"], adapter["routed_since_ns"] or 0)
-        canary, reference = arms.get(name, Rate(0, 0)), arms.get(control, Rate(0, 0))
-        if canary.total < self.settings.promotion.canary_min_trajectories:
-            return []
-        verdict = judge(canary, reference, self.settings.promotion.confidence, f"canary {name}", control)
+        canary = arms.get(name, Rate(0, 0))
+        reference, against = self._canary_reference(adapter, arms)
+        if canary.total < self.settings.promotion.canary_min_trajectories or reference.total == 0:
+            return []  # a verdict needs the canary's outcomes and a reference: never passed on nothing
+        verdict = judge(canary, reference, self.settings.promotion.confidence, f"canary {name}", against)
         if verdict.worse:
             if not self._router_call(adapter, f"router did not unload {name}", router.unload, name):
                 return []
@@ -279,6 +280,21 @@ class Promotion:
         """What serves the capability's traffic outside the canary: its live version, or the base model."""
         previous = self._live_of(adapter["capability"], adapter["adapter_id"])
         return served_name(previous) if previous is not None else self.settings.router.model_name
+
+    def _canary_reference(self, adapter: dict[str, Any], arms: dict[str, Rate]) -> tuple[Rate, str]:
+        """What a canary is judged against, and its name: the control's outcomes in the canary window
+        when there are enough (the same traffic at the same time); else the control's routed
+        outcomes on the capability before the canary began (the failure rate it had before
+        promotion); else no reference yet (an empty rate: the verdict waits)."""
+        control = self._control_name(adapter)
+        needed = self.settings.promotion.reference_min_trajectories
+        during = arms.get(control, Rate(0, 0))
+        if during.total >= needed:
+            return during, control
+        before = routed_outcomes(self.store, adapter["capability"], 0, adapter["routed_since_ns"] or 0).get(control, Rate(0, 0))
+        if before.total >= needed:
+            return before, f"{control} before the canary"
+        return Rate(0, 0), f"{control}: fewer than {needed} outcomes in the canary window ({during.total}) and before it ({before.total})"
 
     def _pre_promotion_rate(self, adapter: dict[str, Any]) -> Rate:
         """Without a canary: the capability's failure rate in the latest analysis pass."""

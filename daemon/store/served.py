@@ -14,15 +14,15 @@ _OUTPUT = """coalesce(TRY_CAST(json_extract_string(attributes, '$."gen_ai.usage.
 SHARE_PREFIX = "tracefix.router.share."
 
 
-def routed_outcomes(store: Store, capability: str, since_ns: int) -> list[dict[str, Any]]:
-    """Per expert that served `capability`'s traffic since `since_ns`: failures and total among its
-    trajectories with an outcome."""
+def routed_outcomes(store: Store, capability: str, since_ns: int, until_ns: int | None = None) -> list[dict[str, Any]]:
+    """Per expert that served `capability`'s traffic since `since_ns` (and before `until_ns` when
+    given): failures and total among its trajectories with an outcome."""
     return store.query(
         """
         WITH routed AS (
             SELECT DISTINCT t.trajectory_id, json_extract_string(s.attributes, '$."tracefix.router.adapter"') AS expert
             FROM spans s JOIN trajectories t ON list_contains(t.trace_ids, s.trace_id)
-            WHERE s.service_name = ? AND s.start_time_unix_nano >= ?
+            WHERE s.service_name = ? AND s.start_time_unix_nano >= ? AND s.start_time_unix_nano < ?
               AND json_extract_string(s.attributes, '$."tracefix.router.capability"') = ?
         )
         SELECT expert, count(*) FILTER (WHERE o.outcome = 'failure') AS failures, count(*) AS total
@@ -30,7 +30,7 @@ def routed_outcomes(store: Store, capability: str, since_ns: int) -> list[dict[s
         WHERE o.outcome IN ('success', 'failure') AND expert IS NOT NULL
         GROUP BY expert
         """,
-        [ROUTER_SERVICE, since_ns, capability],
+        [ROUTER_SERVICE, since_ns, until_ns if until_ns is not None else 2**63 - 1, capability],
     )
 
 
