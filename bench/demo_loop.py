@@ -112,12 +112,26 @@ def render(report: dict[str, Any], command: str) -> str:
             f"| during the canary (a share routed to the adapter): task failure, `{report.get('capability')}` lacking | "
             f"{_rate(failure.get('canary'))}, {_rate(lacking.get('canary'))} |"
         )
+    lines += goal_steps_table(report.get("goal_steps") or {})
     lines += ["", "| at | stage |", "|---|---|"]
     for event in report["timeline"]:
         line = event["line"].replace("|", "\\|")
         lines.append(f"| {event['seconds'] / 60:.1f} min | {line} |")
     lines.append(END)
     return "\n".join(lines)
+
+
+def goal_steps_table(periods: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Per goal and period: how many conversations reached each step of the goal's reference
+    solution, and where the rest broke (the first missed step and the capability it needed)."""
+    lines = ["", "| goal | period | conversations | reaching each step | first missed step (capability): conversations |", "|---|---|---|---|---|"]
+    for period in ("before", "canary", "after"):
+        for row in periods.get(period, []):
+            total = row["conversations"]
+            reaching = " → ".join(f"{step} {count}/{total}" for step, count in zip(row["steps"], row["reaching"], strict=True))
+            breaks = ", ".join(f"{item['step']} ({item['capability']}): {item['count']}" for item in row["breaks"]) or "none"
+            lines.append(f"| {row['goal']} | {period} | {total} | {reaching} | {breaks} |")
+    return lines if len(lines) > 3 else []
 
 
 def write(section: str, document: Path) -> None:

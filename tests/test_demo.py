@@ -116,6 +116,10 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
     assert failure["after"]["total"] >= 3 and failure["before"]["total"] == int(before.split(" on ")[1])
     assert set(failure) == set(report["lacking"]) == {"before", "canary", "after"}
     assert failure["before"]["count"] == failure["before"]["total"]  # a random tiny model never meets a goal
+    # How far each goal got, per period: the same conversations as the failure rate.
+    steps = report["goal_steps"]
+    assert sum(row["conversations"] for row in steps["before"]) == failure["before"]["total"]
+    assert all(row["reaching"][-1] == 0 and sum(item["count"] for item in row["breaks"]) == row["conversations"] for row in steps["before"])
     lacking = report["lacking"]["before"]
     assert 0 < lacking["total"] <= failure["before"]["total"] and lacking["interval"][0] <= lacking["rate"] <= lacking["interval"][1]
     with pytest.raises(httpx.HTTPError):

@@ -37,11 +37,12 @@ DEMO: dict[str, dict[str, Any]] = {
     # The gate runs (and on SmolLM2-135M finds the base too weak for the airline tools, which the
     # warm start remedies); a small one, since its verdict does not change what happens next.
     "validation": {"seeds": 2, "group_size": 4, "hint_shares": [], "timeout_s": 1800},
-    # The warm start teaches what the 135M model lacks; a few GRPO steps follow it, and the run's
-    # report measures what they added on the same held-out seeds (docs/performance.md).
+    # The warm start teaches what the 135M model lacks (one pass over its demonstrations); GRPO steps
+    # follow it, and the run's report measures what they added on the same held-out seeds
+    # (docs/performance.md, Run 12).
     "training": {
-        "recipe": "sft+grpo", "steps": 3, "group_size": 4, "groups_per_step": 2, "micro_batch": 2, "num_iterations": 2,
-        "learning_rate": 2e-4, "warm_start_examples": 96, "warm_start_epochs": 2, "eval_seeds": 24, "eval_interference": False,
+        "recipe": "sft+grpo", "steps": 5, "group_size": 4, "groups_per_step": 2, "micro_batch": 2, "num_iterations": 2,
+        "learning_rate": 3e-4, "warm_start_examples": 96, "warm_start_epochs": 1, "eval_seeds": 24, "eval_interference": False,
         "save_steps": 2, "threads": 2,
     },  # fmt: skip
     # The router gets one thread; the trainer both, since the model-driven traffic holds while it trains.
@@ -85,11 +86,15 @@ class Tally:
     canary: dict[str, bool] = field(default_factory=dict)
     after: dict[str, bool] = field(default_factory=dict)
     period: str = "before"  # where a conversation finishing now counts: before, canary or after
+    # Per period, conversation id -> how far its goal got (examples.airline.progress.Progress).
+    progress: dict[str, dict[str, dict[str, Any]]] = field(default_factory=lambda: {"before": {}, "canary": {}, "after": {}})
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, conversation_id: str, success: bool) -> None:
+    def add(self, conversation_id: str, success: bool, progress: dict[str, Any] | None = None) -> None:
         with self.lock:
             getattr(self, self.period)[conversation_id] = success
+            if progress:
+                self.progress[self.period][conversation_id] = progress
 
     @staticmethod
     def failures(outcomes: dict[str, bool]) -> tuple[int, int]:
@@ -159,7 +164,7 @@ class Traffic(threading.Thread):
                 seed = self.batches % PANEL_BATCHES if config["policy"] == "llm" else self.batches
                 try:
                     run_conversations(
-                        seed=seed, on_outcome=(lambda outcome: self.tally.add(outcome.conversation_id, outcome.success)) if counted else None,
+                        seed=seed, on_outcome=(lambda outcome: self.tally.add(outcome.conversation_id, outcome.success, outcome.progress)) if counted else None,
                         **config,
                     )  # fmt: skip
                     self.error = None
@@ -369,9 +374,14 @@ class Narrator:
 
     def measured(self) -> dict[str, Any]:
         """Before vs after the adapter on the panel's conversations (and during its canary): task
-        failure and, for the capability that went live (else the first selected), the lacking rate."""
+        failure, how far each goal got, and, for the capability that went live (else the first
+        selected), the lacking rate."""
+        from examples.airline.progress import step_table
+
         periods = {"before": dict(self.tally.before), "canary": dict(self.tally.canary), "after": dict(self.tally.after)}
         result: dict[str, Any] = {"failure": {period: rate_record(*Tally.failures(outcomes)) for period, outcomes in periods.items()}}
+        # Where each goal broke, per period: the share of conversations reaching each reference step.
+        result["goal_steps"] = {period: step_table(list(self.tally.progress[period].values())) for period in periods}
         capability = self.live or next(iter(self.selected), None)
         if capability is not None:
             try:

@@ -27,6 +27,7 @@ from examples.airline.database import Database
 from examples.airline.instructions import AGENT_NAME, SYSTEM_INSTRUCTIONS
 from examples.airline.outcomes import EVALUATION_NAME, Outcome, check
 from examples.airline.policies import Policy, PolicyError, Reply, ToolCallRequest
+from examples.airline.progress import progress
 from examples.airline.tasks import Task
 from examples.airline.telemetry import Telemetry, dumps, input_messages, output_messages, system_instructions
 from examples.airline.tools import TOOLS, ToolError, execute
@@ -114,7 +115,7 @@ class Conversation:
         return Outcome(
             self.conversation_id, format(root.get_span_context().trace_id, "032x"), self.task.task_id, self.task.goal,
             self.policy.name, verdict.success, verdict.reward, verdict.explanation, self.turns, self.tool_calls,
-            self.tool_errors, ended, list(getattr(self.policy, "applied", [])),
+            self.tool_errors, ended, list(getattr(self.policy, "applied", [])), progress(self.task, self.messages).as_dict(),
         )  # fmt: skip
 
     def _chat(self, parent: Any) -> Reply | None:

@@ -50,6 +50,7 @@ class Outcome:
     tool_errors: int
     ended: str  # "answer" | "turn_limit" | "model_error"
     flaws: list[str] = field(default_factory=list)  # planted flaws of the scripted policy that applied
+    progress: dict[str, Any] = field(default_factory=dict)  # how far the goal got (progress.Progress)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,9 +61,14 @@ def check(task: Task, initial: Database, final: Database, messages: list[dict[st
     reasons = [*_policy_violations(messages), *_state_differences(task.expected(initial), final)]
     said = "\n".join(str(message.get("content") or "") for message in messages if message["role"] == "assistant")
     for accepted in task.answers:
-        if not any(re.search(rf"(?<![\w.]){re.escape(value)}(?![\w]|\.\d)", said, re.IGNORECASE) for value in accepted):
+        if not states(said, accepted):
             reasons.append(f"the answer never states {accepted[0]!r}")
     return Verdict(not reasons, tuple(reasons))
+
+
+def states(text: str, accepted: tuple[str, ...]) -> bool:
+    """Whether `text` states a fact in one of its `accepted` spellings, as a word or number of its own."""
+    return any(re.search(rf"(?<![\w.]){re.escape(value)}(?![\w]|\.\d)", text, re.IGNORECASE) for value in accepted)
 
 
 def _result(content: Any) -> Any:
