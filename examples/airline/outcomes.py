@@ -5,13 +5,13 @@ the agent's answers against the facts the task asks for, and every change agains
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from examples.airline.database import Database
 from examples.airline.tasks import Task
+from examples.airline.telemetry import parsed
 from examples.airline.tools import STATE_CHANGING
 
 EVALUATION_NAME = "task_success"
@@ -71,22 +71,15 @@ def states(text: str, accepted: tuple[str, ...]) -> bool:
     return any(re.search(rf"(?<![\w.]){re.escape(value)}(?![\w]|\.\d)", text, re.IGNORECASE) for value in accepted)
 
 
-def _result(content: Any) -> Any:
-    try:
-        return json.loads(content) if isinstance(content, str) else content
-    except json.JSONDecodeError:
-        return content
-
-
 def _arguments(text: Any) -> dict[str, Any]:
-    parsed = _result(text)
-    return parsed if isinstance(parsed, dict) else {}
+    value = parsed(text)
+    return value if isinstance(value, dict) else {}
 
 
 def _policy_violations(messages: list[dict[str, Any]]) -> list[str]:
     """Changes made without reading the reservation first, or without the customer's yes since the last change."""
     results = {
-        message.get("tool_call_id"): _result(message.get("content"))
+        message.get("tool_call_id"): parsed(message.get("content"))
         for message in messages
         if message["role"] == "tool"
     }

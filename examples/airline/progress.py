@@ -22,7 +22,6 @@ instead (built-in capability names, daemon/analysis/builtin_capabilities.py):
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -30,6 +29,7 @@ from typing import Any
 
 from examples.airline.outcomes import states
 from examples.airline.tasks import GOALS, Task
+from examples.airline.telemetry import parsed
 from examples.airline.tools import STATE_CHANGING, TOOLS
 
 # The reference solution of each goal, step by step.
@@ -80,19 +80,10 @@ def _events(messages: Sequence[dict[str, Any]]) -> list[_Event]:
             if message.get("content"):
                 events.append(_Event("say", str(message["content"])))
             for call in message.get("tool_calls") or []:
-                result = _json(results.get(call["id"]))
+                result = parsed(results.get(call["id"]))
                 ok = isinstance(result, dict) and "error" not in result
-                events.append(_Event("call", tool=call["function"]["name"], arguments=_json(call["function"]["arguments"]), ok=ok))
+                events.append(_Event("call", tool=call["function"]["name"], arguments=parsed(call["function"]["arguments"]), ok=ok))
     return events
-
-
-def _json(text: Any) -> Any:
-    if not isinstance(text, str):
-        return text
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
 
 
 def _expected(task: Task, step: str) -> tuple[str, dict[str, Any]]:

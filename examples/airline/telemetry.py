@@ -104,7 +104,7 @@ class Telemetry:
         self.logger_provider.shutdown()
 
 
-def _parsed(text: Any) -> Any:
+def parsed(text: Any) -> Any:
     """JSON text as its value where it parses (arguments and results are structured in the parts format)."""
     if not isinstance(text, str):
         return text
@@ -118,14 +118,14 @@ def genai_message(message: dict[str, Any]) -> dict[str, Any]:
     """One OpenAI chat message in the GenAI conventions' parts format."""
     role = message["role"]
     if role == "tool":
-        response = {"type": "tool_call_response", "id": message.get("tool_call_id"), "response": _parsed(message["content"])}
+        response = {"type": "tool_call_response", "id": message.get("tool_call_id"), "response": parsed(message["content"])}
         return {"role": "tool", "parts": [response]}
     parts: list[dict[str, Any]] = []
     if message.get("content"):
         parts.append({"type": "text", "content": message["content"]})
     for call in message.get("tool_calls") or []:
         function = call["function"]
-        arguments = _parsed(function["arguments"])
+        arguments = parsed(function["arguments"])
         parts.append({"type": "tool_call", "id": call["id"], "name": function["name"], "arguments": arguments})
     return {"role": role, "parts": parts}
 
