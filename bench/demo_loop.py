@@ -4,12 +4,14 @@ markdown section of docs/performance.md.
 
     python bench/demo_loop.py --minutes 40 --after 32                  # a run, printed
     python bench/demo_loop.py --minutes 40 --after 32 --write          # … and written into docs/performance.md
+    python bench/demo_loop.py --minutes 90 --after 24 --adapters 2     # two capabilities' adapters, composed
     python bench/demo_loop.py --from-report .tracefix/bench-demo/report.json --write
 
 What it shows: the capability with the biggest gap for the base model and its statistics, the
 held-out success of base vs adapter on that capability's environment, when each stage happened, and
 the example agent's task failure and the capability's lacking rate before vs after promotion, with
-95 % intervals, over the same panel of seeded user goals.
+95 % intervals, over the same panel of seeded user goals; per goal and period, how many
+conversations reached each step of the goal's reference solution and where the others broke.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def run_demo(arguments: argparse.Namespace) -> Path:
     )
     report = output / "report.json"
     command = [sys.executable, "-m", "daemon.app.cli", "demo", "--config", str(config), "--auto-approve", "--minutes", str(arguments.minutes),
-               "--after", str(arguments.after), "--report", str(report), *(["--fast"] if arguments.fast else [])]  # fmt: skip
+               "--after", str(arguments.after), "--adapters", str(arguments.adapters), "--report", str(report),
+               *(["--fast"] if arguments.fast else [])]  # fmt: skip
     print("$ " + " ".join(command), file=sys.stderr, flush=True)
     started = time.monotonic()
     done = subprocess.run(command, cwd=REPO, check=False)
@@ -112,6 +115,12 @@ def render(report: dict[str, Any], command: str) -> str:
             f"| during the canary (a share routed to the adapter): task failure, `{report.get('capability')}` lacking | "
             f"{_rate(failure.get('canary'))}, {_rate(lacking.get('canary'))} |"
         )
+    for period, record in failure.items():  # with more than one adapter: each one's canary and live period
+        if period not in ("before", "canary", "after"):
+            lines.append(f"| model-driven task failure, {period} | {_rate(record)} |")
+    for capability, rates in (report.get("lacking_by_capability") or {}).items():
+        if capability != report.get("capability"):
+            lines.append(f"| `{capability}` lacking on live traffic, before → after | {_rate(rates.get('before'))} → {_rate(rates.get('after'))} |")
     lines += goal_steps_table(report.get("goal_steps") or {})
     lines += ["", "| at | stage |", "|---|---|"]
     for event in report["timeline"]:
@@ -125,8 +134,8 @@ def goal_steps_table(periods: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Per goal and period: how many conversations reached each step of the goal's reference
     solution, and where the rest broke (the first missed step and the capability it needed)."""
     lines = ["", "| goal | period | conversations | reaching each step | first missed step (capability): conversations |", "|---|---|---|---|---|"]
-    for period in ("before", "canary", "after"):
-        for row in periods.get(period, []):
+    for period, rows in periods.items():
+        for row in rows:
             total = row["conversations"]
             reaching = " → ".join(f"{step} {count}/{total}" for step, count in zip(row["steps"], row["reaching"], strict=True))
             breaks = ", ".join(f"{item['step']} ({item['capability']}): {item['count']}" for item in row["breaks"]) or "none"
@@ -148,6 +157,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=40, help="the demo's time limit")
     parser.add_argument("--after", type=int, default=32, help="model-driven conversations to measure after the adapter goes live")
+    parser.add_argument("--adapters", type=int, default=1, help="adapters to take live, one capability after another, before 'after'")
     parser.add_argument("--fast", action="store_true", help="the demo's smaller settings")
     parser.add_argument("--output", default=".tracefix/bench-demo", help="the run's data directory (emptied first)")
     parser.add_argument("--cache", default=".tracefix/models", help="the converted model cache to share")
@@ -157,11 +167,12 @@ def main() -> None:
     report_path = arguments.from_report or run_demo(arguments)
     report = json.loads(report_path.read_text())
     # The command that produced the report: its own settings when it names them (older reports do not).
-    ran = {"minutes": arguments.minutes, "after": arguments.after, "fast": arguments.fast}
+    ran = {"minutes": arguments.minutes, "after": arguments.after, "adapters": arguments.adapters, "fast": arguments.fast}
     ran.update({key: report["settings"][key] for key in ran if report.get("settings", {}).get(key) is not None})
-    command = "python bench/demo_loop.py " + " ".join(
-        [f"--minutes {ran['minutes']:g}", f"--after {ran['after']}", *(["--fast"] if ran["fast"] else [])]
-    )
+    command = "python bench/demo_loop.py " + " ".join([
+        f"--minutes {ran['minutes']:g}", f"--after {ran['after']}", *([f"--adapters {ran['adapters']}"] if ran["adapters"] != 1 else []),
+        *(["--fast"] if ran["fast"] else []),
+    ])  # fmt: skip
     section = render(report, command)
     print(section)
     if arguments.write:

@@ -193,7 +193,38 @@ def test_conversations_during_the_canary_count_neither_before_nor_after() -> Non
     tally.add("e", True)
     assert (tally.before, tally.canary, tally.after) == ({"a": False, "c": False}, {"b": True, "d": False}, {"e": True})
     assert lines == [
-        "tool_call_precision@v1 is in canary: the conversations until it goes live are counted apart, not as 'before'",
-        "tool_call_precision@v2 is in canary: the conversations until it goes live are counted apart, not as 'before'",
+        "tool_call_precision@v1 is in canary: the conversations until it goes live are counted apart, as 'canary'",
+        "tool_call_precision@v2 is in canary: the conversations until it goes live are counted apart, as 'canary'",
         "tool_call_precision@v2 is live: the agent's conversations from now on count as 'after'",
     ]
+
+
+def test_with_two_adapters_wanted_each_gets_its_periods_and_after_waits_for_both() -> None:
+    """`tracefix demo --adapters 2`: the first adapter's canary and live periods are numbered, the
+    model-driven traffic holds again while the second capability trains, and 'after' begins once
+    both adapters are live."""
+    import threading
+
+    from daemon.app.demo import Narrator, Tally
+
+    lines: list[str] = []
+    tally, hold = Tally(), threading.Event()
+    narrator = Narrator(None, tally, False, "http://127.0.0.1:8501", lines.append, hold, adapters=2)  # type: ignore[arg-type]
+    first = {"adapter_id": 1, "capability": "tool_call_precision", "version": 1}
+    second = {"adapter_id": 2, "capability": "error_recovery", "version": 1}
+    tally.add("a", False)
+    narrator._adapters([{**first, "state": "canary"}], {})
+    tally.add("b", False)
+    narrator._adapters([{**first, "state": "live"}], {})
+    tally.add("c", True)
+    # The second capability trains: with one adapter live of two wanted, the traffic holds for it.
+    narrator._runs([{"run_id": 2, "capability": "error_recovery", "version": 1, "status": "rejected_by_eval"},
+                    {"run_id": 3, "capability": "error_recovery", "version": 1, "status": "running", "config": {}}])  # fmt: skip
+    assert hold.is_set()
+    narrator._adapters([{**first, "state": "live"}, {**second, "state": "canary"}], {})
+    tally.add("d", True)
+    narrator._adapters([{**first, "state": "live"}, {**second, "state": "live"}], {})
+    tally.add("e", True)
+    assert tally.outcomes == {"before": {"a": False}, "canary 1": {"b": False}, "after 1": {"c": True}, "canary 2": {"d": True}, "after": {"e": True}}
+    assert narrator.lives == ["tool_call_precision", "error_recovery"] and narrator.live == "tool_call_precision"
+    assert lines[-1] == "error_recovery@v1 is live: the agent's conversations from now on count as 'after'"

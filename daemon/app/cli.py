@@ -163,7 +163,9 @@ def logs(name: str, config_path: Path | None, lines: int, follow: bool) -> None:
                    "the model-driven agent alone (llm), or scripted flows with planted flaws (scripted, no model).")  # fmt: skip
 @click.option("--rate", type=float, default=0.5, show_default=True, help="Conversations the example deployment starts per second.")
 @click.option("--after", type=click.IntRange(min=0), default=0,
-              help="Stop once this many model-driven conversations have finished after an adapter went live (0: keep going).")  # fmt: skip
+              help="Stop once this many model-driven conversations have finished after the adapters went live (0: keep going).")
+@click.option("--adapters", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Adapters to take live, one selected capability after another, before 'after' is measured.")  # fmt: skip
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write what the run measured (stages with their times, the gap, the evaluation, before vs after) here as JSON.")  # fmt: skip
 @click.option("--serve-while-training", is_flag=True,
@@ -171,7 +173,7 @@ def logs(name: str, config_path: Path | None, lines: int, follow: bool) -> None:
                    "on a small CPU serving and training halve each other).")  # fmt: skip
 def demo(
     config_path: Path | None, auto_approve: bool, minutes: float | None, fast: bool, policy: str, rate: float, after: int,
-    report: Path | None, serve_while_training: bool,
+    adapters: int, report: Path | None, serve_while_training: bool,
 ) -> None:
     """Run the whole improvement loop on this machine, narrated: the stack, an example agent's
     traffic, the gap, the environment, training, your approval, the canary, before and after."""
@@ -180,7 +182,7 @@ def demo(
     try:
         status = guided.run(
             config_path, fast, auto_approve, minutes, policy, rate, lambda line: click.echo(line, err=True), after, report,
-            not serve_while_training,
+            not serve_while_training, adapters,
         )
     except ConfigError as error:
         raise click.ClickException(str(error)) from None

@@ -79,22 +79,40 @@ def layered_settings(config_path: Path | None, fast: bool, environ: dict[str, st
 @dataclass(slots=True)
 class Tally:
     """The model-driven conversations the example agent finished (the ones an adapter can change),
-    conversation id -> success: `before` an adapter served any of them (the base alone), during its
-    `canary` (a share routed to it) and `after` it went live."""
+    conversation id -> success, per period in the order they happened: ``before`` any adapter
+    served them (the base alone), during the first adapter's ``canary`` (a share routed to it) and
+    ``after`` it went live. With more adapters wanted, each one's periods are numbered ("canary 1",
+    "after 1", "canary 2", ...) and ``after`` is the period once all of them are live."""
 
-    before: dict[str, bool] = field(default_factory=dict)
-    canary: dict[str, bool] = field(default_factory=dict)
-    after: dict[str, bool] = field(default_factory=dict)
-    period: str = "before"  # where a conversation finishing now counts: before, canary or after
+    outcomes: dict[str, dict[str, bool]] = field(default_factory=lambda: {"before": {}})
     # Per period, conversation id -> how far its goal got (examples.airline.progress.Progress).
-    progress: dict[str, dict[str, dict[str, Any]]] = field(default_factory=lambda: {"before": {}, "canary": {}, "after": {}})
+    progress: dict[str, dict[str, dict[str, Any]]] = field(default_factory=lambda: {"before": {}})
+    period: str = "before"  # where a conversation finishing now counts
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, conversation_id: str, success: bool, progress: dict[str, Any] | None = None) -> None:
         with self.lock:
-            getattr(self, self.period)[conversation_id] = success
+            self.outcomes.setdefault(self.period, {})[conversation_id] = success
             if progress:
-                self.progress[self.period][conversation_id] = progress
+                self.progress.setdefault(self.period, {})[conversation_id] = progress
+
+    def enter(self, period: str) -> None:
+        with self.lock:
+            self.period = period
+            self.outcomes.setdefault(period, {})
+            self.progress.setdefault(period, {})
+
+    @property
+    def before(self) -> dict[str, bool]:
+        return self.outcomes["before"]
+
+    @property
+    def canary(self) -> dict[str, bool]:
+        return self.outcomes.get("canary", {})
+
+    @property
+    def after(self) -> dict[str, bool]:
+        return self.outcomes.get("after", {})
 
     @staticmethod
     def failures(outcomes: dict[str, bool]) -> tuple[int, int]:
@@ -208,9 +226,10 @@ class Narrator:
 
     def __init__(
         self, client: DaemonClient, tally: Tally, auto_approve: bool, dashboard_url: str, say: Callable[[str], None],
-        hold: threading.Event | None = None, warm_start: bool = True,
+        hold: threading.Event | None = None, warm_start: bool = True, adapters: int = 1,
     ) -> None:  # fmt: skip
         self.client = client
+        self.adapters = adapters  # live adapters wanted before the 'after' period
         self.warm_start = warm_start  # an environment too hard for the base still trains (from its solutions)
         self.hold = hold  # when given: set while a run trains before any adapter serves (the model-driven traffic waits)
         self.tally = tally
@@ -223,7 +242,7 @@ class Narrator:
         self.timeline: list[dict[str, Any]] = []  # every narrated event, with when it was seen
         self.selected: dict[str, dict[str, Any]] = {}  # capability -> its statistics when selected
         self.candidates: dict[str, dict[str, Any]] = {}  # adapter name -> its evaluation
-        self.live: str | None = None  # the capability whose adapter went live
+        self.lives: list[str] = []  # the capabilities whose adapters went live, in order
 
     def event(self, key: str, line: str) -> None:
         if key not in self.seen:
@@ -252,12 +271,13 @@ class Narrator:
         )
         self._capabilities(capabilities)
         self._environments(environments)
-        self._runs(runs, measuring=any(item["state"] in ("canary", "live") for item in adapters))
+        # The canary and the 'after' period need the model-driven traffic; otherwise it holds while a run trains.
+        self._runs(runs, measuring=any(item["state"] == "canary" for item in adapters) or self.tally.period == "after")
         self._adapters(adapters, routing)
         self._decisions(audit, {item["adapter_id"]: f"{item['capability']}@v{item['version']}" for item in adapters})
-        self.rows["model-driven failure rate"] = (
-            f"before the adapter {self.tally.failure_rate(self.tally.before)} · canary {self.tally.failure_rate(self.tally.canary)}"
-            f" · after {self.tally.failure_rate(self.tally.after)}"
+        self.rows["model-driven failure rate"] = " · ".join(
+            f"{'before the adapter' if period == 'before' else period} {self.tally.failure_rate(outcomes)}"
+            for period, outcomes in self.tally.outcomes.items()
         )
 
     def _capabilities(self, capabilities: list[dict[str, Any]]) -> None:
@@ -334,16 +354,17 @@ class Narrator:
                     f"{reference.get('name')} {number_text(reference.get('rate'))} {reference.get('interval')} on {reference.get('total', 0)}"
                     f" (verdict after {report.get('needed')})"
                 )
-            if state == "canary" and self.tally.period == "before":
-                self.tally.period = "canary"
-                self.say(f"{name} is in canary: the conversations until it goes live are counted apart, not as 'before'")
-            if state == "live" and self.tally.period != "after":
-                self.tally.period = "after"
-                self.live = adapter["capability"]
-                self.say(f"{name} is live: the agent's conversations from now on count as 'after'")
+            if state == "canary" and not self.tally.period.startswith("canary") and self.tally.period != "after":
+                self.tally.enter("canary" if self.adapters == 1 else f"canary {len(self.lives) + 1}")
+                self.say(f"{name} is in canary: the conversations until it goes live are counted apart, as '{self.tally.period}'")
+            if state == "live" and adapter["capability"] not in self.lives and self.tally.period != "after":
+                self.lives.append(adapter["capability"])
+                self.tally.enter("after" if len(self.lives) >= self.adapters else f"after {len(self.lives)}")
+                self.say(f"{name} is live: the agent's conversations from now on count as '{self.tally.period}'")
 
-        if self.tally.period == "canary" and not any(adapter["state"] in ("canary", "live") for adapter in adapters):
-            self.tally.period = "before"  # the canary ended without going live: the base alone serves again
+        if self.tally.period.startswith("canary") and not any(adapter["state"] == "canary" for adapter in adapters):
+            # The canary ended without going live: what served before it serves again.
+            self.tally.enter(f"after {len(self.lives)}" if self.lives else "before")
 
     def _decisions(self, audit: list[dict[str, Any]], names: dict[int, str]) -> None:
         """Every human and automatic decision, oldest first, as the audit log records it."""
@@ -372,32 +393,44 @@ class Narrator:
                 return sum(label == "LACKING" for label in labelled), sum(label != "NA" for label in labelled)
             time.sleep(5)
 
+    @property
+    def live(self) -> str | None:
+        """The capability whose adapter went live first."""
+        return self.lives[0] if self.lives else None
+
     def measured(self) -> dict[str, Any]:
-        """Before vs after the adapter on the panel's conversations (and during its canary): task
-        failure, how far each goal got, and, for the capability that went live (else the first
-        selected), the lacking rate."""
+        """Per period on the panel's conversations (before the adapters, during each canary, after
+        each went live): task failure, how far each goal got, and, for each capability that went live
+        (else the first selected), the lacking rate. ``capability`` and ``lacking`` are the first's."""
         from examples.airline.progress import step_table
 
-        periods = {"before": dict(self.tally.before), "canary": dict(self.tally.canary), "after": dict(self.tally.after)}
+        periods = {period: dict(outcomes) for period, outcomes in self.tally.outcomes.items()}
         result: dict[str, Any] = {"failure": {period: rate_record(*Tally.failures(outcomes)) for period, outcomes in periods.items()}}
         # Where each goal broke, per period: the share of conversations reaching each reference step.
-        result["goal_steps"] = {period: step_table(list(self.tally.progress[period].values())) for period in periods}
-        capability = self.live or next(iter(self.selected), None)
-        if capability is not None:
+        result["goal_steps"] = {period: step_table(list(self.tally.progress.get(period, {}).values())) for period in periods}
+        capabilities = self.lives or list(self.selected)[:1]
+        if capabilities:
             try:
-                result["capability"] = capability
-                result["lacking"] = {period: rate_record(*self.lacking(capability, outcomes)) for period, outcomes in periods.items()}
+                lacking = {
+                    capability: {period: rate_record(*self.lacking(capability, outcomes)) for period, outcomes in periods.items()}
+                    for capability in capabilities
+                }  # fmt: skip
             except (DaemonUnavailable, ApiError) as error:
+                result["capability"] = capabilities[0]
                 result["lacking_error"] = str(error)
+            else:
+                result["capability"], result["lacking"] = capabilities[0], lacking[capabilities[0]]
+                result["lacking_by_capability"] = lacking
         return result
 
 
 def run(
     config_path: Path | None, fast: bool, auto_approve: bool, minutes: float | None, policy: str, rate: float,
-    say: Callable[[str], None], after: int = 0, report: Path | None = None, hold_while_training: bool = True,
+    say: Callable[[str], None], after: int = 0, report: Path | None = None, hold_while_training: bool = True, adapters: int = 1,
 ) -> int:  # fmt: skip
     """`tracefix demo`: returns the exit status. With `after`, it ends once that many model-driven
-    conversations have finished after an adapter went live; with `report`, what the run measured
+    conversations have finished after `adapters` adapters went live (each selected capability's in
+    turn, routed together); with `report`, what the run measured
     (events with their times, the gap, the candidate's evaluation, before vs after) is written
     there as JSON. With `hold_while_training`, the model-driven conversations wait while a
     training run runs."""
@@ -432,7 +465,7 @@ def run(
     client = DaemonClient(settings)
     narrator = Narrator(
         client, tally, auto_approve, dashboard_url, say, traffic.hold if hold_while_training else None,
-        settings.training.warm_start_examples > 0,
+        settings.training.warm_start_examples > 0, adapters,
     )  # fmt: skip
     deadline = time.monotonic() + minutes * 60 if minutes else None
     console = Console(stderr=True)
@@ -468,7 +501,8 @@ def run(
             if deadline is not None and time.monotonic() > deadline:
                 break
             if after and len(tally.after) >= after:
-                live.console.print(f"{len(tally.after)} model-driven conversations since the adapter went live: done", soft_wrap=True)
+                what = "the adapter" if adapters == 1 else f"{adapters} adapters"
+                live.console.print(f"{len(tally.after)} model-driven conversations since {what} went live: done", soft_wrap=True)
                 break
     traffic.stopping.set()
     say("stopping …")
@@ -489,10 +523,11 @@ def run(
             document = {
                 "settings": {
                     "fast": fast, "policy": policy, "rate": rate, "hold_while_training": hold_while_training,
-                    "minutes": minutes, "after": after, "training": settings.training.model_dump(mode="json"),
+                    "minutes": minutes, "after": after, "adapters": adapters, "training": settings.training.model_dump(mode="json"),
                 },
                 "seconds": round(time.monotonic() - narrator.started, 1), "timeline": narrator.timeline,
-                "selected": narrator.selected, "candidates": narrator.candidates, "live": narrator.live, **measured,
+                "selected": narrator.selected, "candidates": narrator.candidates, "live": narrator.live, "lives": narrator.lives,
+                **measured,
             }  # fmt: skip
             Path(report).write_text(json.dumps(document, indent=2))
             say(f"report written to {report}")
