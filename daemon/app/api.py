@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from daemon.app.routes import adapters, capabilities, health, pipeline, routing, status, trajectories
+from daemon.app.routes import adapters, agents, capabilities, health, pipeline, routing, status, trajectories
 from daemon.core.auth import api_token
 
 if TYPE_CHECKING:
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 VERSION = "0.1.0"
 ROUTERS = (
     health.router, status.router, capabilities.router, pipeline.router,
-    adapters.router, routing.router, trajectories.router,
+    adapters.router, routing.router, trajectories.router, agents.router,
 )  # fmt: skip
 
 

@@ -49,6 +49,96 @@ def _wilson(successes: str, total: str, prefix: str) -> str:
     )
 
 
+# The statistics of one pass over the pass tables (pass_trajectories, pass_labels, pass_windows):
+# per window and capability, the counts, ER+ and ER− with Wilson intervals, Δ, coverage, and the
+# selection by the paper's rule (per run for LLM labelers, with their consistency).
+_STATS_SELECT = f"""
+                WITH traj AS (
+                    SELECT w.window_name, t.trajectory_id, t.outcome
+                    FROM pass_trajectories t JOIN pass_windows w ON t.ended >= w.start_ns
+                ),
+                totals AS (
+                    SELECT window_name, count(*) FILTER (WHERE outcome = 'failure') AS failed
+                    FROM traj GROUP BY window_name
+                ),
+                per_run AS (
+                    SELECT traj.window_name, l.capability, l.run, l.trajectory_id, l.label, l.multi, traj.outcome
+                    FROM pass_labels l JOIN traj USING (trajectory_id)
+                ),
+                voted AS (
+                    SELECT window_name, capability, trajectory_id, outcome, label FROM per_run WHERE NOT multi
+                    UNION ALL
+                    SELECT window_name, capability, trajectory_id, any_value(outcome), mode(label)
+                    FROM per_run WHERE multi GROUP BY window_name, capability, trajectory_id
+                ),
+                counts AS (
+                    SELECT window_name, capability,
+                        count(*) FILTER (WHERE outcome = 'success') AS n_success,
+                        count(*) FILTER (WHERE outcome = 'failure') AS n_failure,
+                        count(*) FILTER (WHERE outcome = 'unknown') AS n_unknown,
+                        count(*) FILTER (WHERE outcome = 'success' AND label <> 'NA') AS needed_success,
+                        count(*) FILTER (WHERE outcome = 'failure' AND label <> 'NA') AS needed_failure,
+                        count(*) FILTER (WHERE outcome = 'success' AND label = 'LACKING') AS lacking_success,
+                        count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING') AS lacking_failure
+                    FROM voted GROUP BY window_name, capability
+                ),
+                run_selection AS (
+                    SELECT window_name, capability, run,
+                        count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING')::DOUBLE
+                            / nullif(count(*) FILTER (WHERE outcome = 'failure' AND label <> 'NA'), 0)
+                        - coalesce(count(*) FILTER (WHERE outcome = 'success' AND label = 'LACKING')::DOUBLE
+                            / nullif(count(*) FILTER (WHERE outcome = 'success' AND label <> 'NA'), 0), 0)
+                            AS delta,
+                        count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING') AS lacking_failure
+                    FROM per_run WHERE multi GROUP BY window_name, capability, run
+                ),
+                runs AS (
+                    SELECT r.window_name, r.capability, count(*) AS runs,
+                        count(*) FILTER (
+                            WHERE r.delta >= $min_delta AND r.lacking_failure::DOUBLE / nullif(t.failed, 0) >= $min_coverage
+                        ) AS runs_selected
+                    FROM run_selection r JOIN totals t USING (window_name) GROUP BY r.window_name, r.capability
+                ),
+                rates AS (
+                    SELECT c.*, r.runs AS multi_runs, r.runs_selected AS multi_selected,
+                        lacking_success::DOUBLE / nullif(needed_success, 0) AS er_plus,
+                        lacking_failure::DOUBLE / nullif(needed_failure, 0) AS er_minus,
+                        lacking_failure::DOUBLE / nullif(t.failed, 0) AS coverage,
+                        needed_failure::DOUBLE / nullif(needed_success + needed_failure, 0) AS failure_rate
+                    FROM counts c JOIN totals t USING (window_name) LEFT JOIN runs r USING (window_name, capability)
+                ),
+                gaps AS (
+                    SELECT *, er_minus - coalesce(er_plus, 0) AS delta,
+                        coalesce(er_minus - coalesce(er_plus, 0) >= $min_delta AND coverage >= $min_coverage, false)
+                            AS gap
+                    FROM rates
+                ),
+                voted_runs AS (
+                    -- A single-run labeler is one run that selects when its labels show the gap.
+                    SELECT *, coalesce(multi_runs, 1) AS runs,
+                        coalesce(multi_selected, CASE WHEN gap THEN 1 ELSE 0 END) AS runs_selected
+                    FROM gaps
+                ),
+                decided AS (
+                    SELECT *,
+                        gap AND needed_failure >= $min_failures AND runs_selected >= ceil($consistency * runs)
+                            AS selected
+                    FROM voted_runs
+                )
+                SELECT $pass_id AS pass_id, now() AS computed_at, window_name, capability,
+                    n_success, n_failure, n_unknown, needed_success, needed_failure, lacking_success, lacking_failure,
+                    er_plus, {_wilson("lacking_success", "needed_success", "er_plus")},
+                    er_minus, {_wilson("lacking_failure", "needed_failure", "er_minus")},
+                    delta, coverage,
+                    failure_rate, {_wilson("needed_failure", "(needed_success + needed_failure)", "failure_rate")},
+                    runs, runs_selected, selected,
+                    CASE WHEN selected
+                        THEN row_number() OVER (PARTITION BY window_name, selected ORDER BY coverage DESC, capability)
+                    END AS rank
+                FROM decided
+"""
+
+
 class LabelStore(Tables):
     """The SQL of labeling, statistics and the trigger, on a Store's connection."""
 
@@ -209,129 +299,73 @@ class LabelStore(Tables):
         evaluated; a capability is selected when the majority-vote labels pass it and at least
         `consistency` of the runs pass it too.
         """
-        cursor = self.store.cursor
-        pass_id = cursor.execute("SELECT coalesce(max(pass_id), 0) + 1 FROM capability_stats").fetchall()[0][0]
+        pass_id = self.store.cursor.execute("SELECT coalesce(max(pass_id), 0) + 1 FROM capability_stats").fetchall()[0][0]
         with self.store.transaction() as tx:
-            _with_current(tx, current)
-            # Outcomes and current labels once per pass.
-            tx.execute(
-                "CREATE OR REPLACE TEMP TABLE pass_trajectories AS "
-                "SELECT trajectory_id, outcome, end_time_unix_nano AS ended FROM trajectory_outcomes"
-            )
-            # `multi`: the capability's labeler repeats runs (LLM); single-run labels need no vote.
-            tx.execute(
-                f"CREATE OR REPLACE TEMP TABLE pass_labels AS "
-                f"SELECT l.capability, l.run, l.trajectory_id, l.label, max(l.run) OVER (PARTITION BY l.capability) > 0 AS multi "
-                f"FROM labels l JOIN {_CURRENT} c USING (capability, labeler, labeler_version) WHERE l.label <> 'ERROR'"
-            )
-            tx.register(
-                "pass_windows",
-                pa.table(
-                    {"window_name": [w[0] for w in windows], "start_ns": [w[1] or 0 for w in windows]},
-                    schema=pa.schema([("window_name", pa.string()), ("start_ns", pa.int64())]),
-                ),
-            )
-            # All windows in one query: each trajectory appears once per window it falls in.
-            tx.execute(
-                f"""
-                INSERT INTO capability_stats
-                WITH traj AS (
-                    SELECT w.window_name, t.trajectory_id, t.outcome
-                    FROM pass_trajectories t JOIN pass_windows w ON t.ended >= w.start_ns
-                ),
-                totals AS (
-                    SELECT window_name, count(*) FILTER (WHERE outcome = 'failure') AS failed
-                    FROM traj GROUP BY window_name
-                ),
-                per_run AS (
-                    SELECT traj.window_name, l.capability, l.run, l.trajectory_id, l.label, l.multi, traj.outcome
-                    FROM pass_labels l JOIN traj USING (trajectory_id)
-                ),
-                voted AS (
-                    SELECT window_name, capability, trajectory_id, outcome, label FROM per_run WHERE NOT multi
-                    UNION ALL
-                    SELECT window_name, capability, trajectory_id, any_value(outcome), mode(label)
-                    FROM per_run WHERE multi GROUP BY window_name, capability, trajectory_id
-                ),
-                counts AS (
-                    SELECT window_name, capability,
-                        count(*) FILTER (WHERE outcome = 'success') AS n_success,
-                        count(*) FILTER (WHERE outcome = 'failure') AS n_failure,
-                        count(*) FILTER (WHERE outcome = 'unknown') AS n_unknown,
-                        count(*) FILTER (WHERE outcome = 'success' AND label <> 'NA') AS needed_success,
-                        count(*) FILTER (WHERE outcome = 'failure' AND label <> 'NA') AS needed_failure,
-                        count(*) FILTER (WHERE outcome = 'success' AND label = 'LACKING') AS lacking_success,
-                        count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING') AS lacking_failure
-                    FROM voted GROUP BY window_name, capability
-                ),
-                run_selection AS (
-                    SELECT window_name, capability, run,
-                        count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING')::DOUBLE
-                            / nullif(count(*) FILTER (WHERE outcome = 'failure' AND label <> 'NA'), 0)
-                        - coalesce(count(*) FILTER (WHERE outcome = 'success' AND label = 'LACKING')::DOUBLE
-                            / nullif(count(*) FILTER (WHERE outcome = 'success' AND label <> 'NA'), 0), 0)
-                            AS delta,
-                        count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING') AS lacking_failure
-                    FROM per_run WHERE multi GROUP BY window_name, capability, run
-                ),
-                runs AS (
-                    SELECT r.window_name, r.capability, count(*) AS runs,
-                        count(*) FILTER (
-                            WHERE r.delta >= $min_delta AND r.lacking_failure::DOUBLE / nullif(t.failed, 0) >= $min_coverage
-                        ) AS runs_selected
-                    FROM run_selection r JOIN totals t USING (window_name) GROUP BY r.window_name, r.capability
-                ),
-                rates AS (
-                    SELECT c.*, r.runs AS multi_runs, r.runs_selected AS multi_selected,
-                        lacking_success::DOUBLE / nullif(needed_success, 0) AS er_plus,
-                        lacking_failure::DOUBLE / nullif(needed_failure, 0) AS er_minus,
-                        lacking_failure::DOUBLE / nullif(t.failed, 0) AS coverage,
-                        needed_failure::DOUBLE / nullif(needed_success + needed_failure, 0) AS failure_rate
-                    FROM counts c JOIN totals t USING (window_name) LEFT JOIN runs r USING (window_name, capability)
-                ),
-                gaps AS (
-                    SELECT *, er_minus - coalesce(er_plus, 0) AS delta,
-                        coalesce(er_minus - coalesce(er_plus, 0) >= $min_delta AND coverage >= $min_coverage, false)
-                            AS gap
-                    FROM rates
-                ),
-                voted_runs AS (
-                    -- A single-run labeler is one run that selects when its labels show the gap.
-                    SELECT *, coalesce(multi_runs, 1) AS runs,
-                        coalesce(multi_selected, CASE WHEN gap THEN 1 ELSE 0 END) AS runs_selected
-                    FROM gaps
-                ),
-                decided AS (
-                    SELECT *,
-                        gap AND needed_failure >= $min_failures AND runs_selected >= ceil($consistency * runs)
-                            AS selected
-                    FROM voted_runs
-                )
-                SELECT $pass_id, now(), window_name, capability,
-                    n_success, n_failure, n_unknown, needed_success, needed_failure, lacking_success, lacking_failure,
-                    er_plus, {_wilson("lacking_success", "needed_success", "er_plus")},
-                    er_minus, {_wilson("lacking_failure", "needed_failure", "er_minus")},
-                    delta, coverage,
-                    failure_rate, {_wilson("needed_failure", "(needed_success + needed_failure)", "failure_rate")},
-                    runs, runs_selected, selected,
-                    CASE WHEN selected
-                        THEN row_number() OVER (PARTITION BY window_name, selected ORDER BY coverage DESC, capability)
-                    END
-                FROM decided
-                """,
-                {
-                    "min_delta": min_delta,
-                    "min_coverage": min_coverage,
-                    "min_failures": min_failures,
-                    "consistency": consistency,
-                    "pass_id": pass_id,
-                },
-            )
-            tx.unregister("pass_windows")
-            tx.execute("DROP TABLE pass_trajectories")
-            tx.execute("DROP TABLE pass_labels")
-            tx.unregister(_CURRENT)
+            self._stats(tx, current, windows, (min_delta, min_coverage, min_failures, consistency), pass_id, store=True)
         return pass_id
+
+    def scoped_stats(
+        self,
+        agent: str,
+        current: Sequence[tuple[str, str, str]],
+        windows: Sequence[tuple[str, int | None]],
+        min_delta: float,
+        min_coverage: float,
+        min_failures: int,
+        consistency: float,
+    ) -> list[dict[str, Any]]:
+        """The same statistics over one agent's trajectories only (its ``service.name`` or
+        ``gen_ai.agent.name``), computed now and not stored: rows shaped like capability_stats',
+        with pass_id 0. Another policy's runs (scripted flows, another agent) then lend it no contrast."""
+        with self.store.transaction() as tx:
+            return self._stats(tx, current, windows, (min_delta, min_coverage, min_failures, consistency), 0, agent=agent)
+
+    @staticmethod
+    def _stats(
+        tx: duckdb.DuckDBPyConnection,
+        current: Sequence[tuple[str, str, str]],
+        windows: Sequence[tuple[str, int | None]],
+        thresholds: tuple[float, float, int, float],
+        pass_id: int,
+        agent: str | None = None,
+        store: bool = False,
+    ) -> list[dict[str, Any]]:
+        """Compute a pass's statistics from its pass tables (trajectories of `agent` only when
+        given): inserted into capability_stats with `store`, else returned as rows."""
+        _with_current(tx, current)
+        # Outcomes and current labels once per pass.
+        scope = "JOIN trajectories t USING (trajectory_id) WHERE t.service_name = $agent OR t.agent_name = $agent" if agent else ""
+        tx.execute(
+            "CREATE OR REPLACE TEMP TABLE pass_trajectories AS "
+            f"SELECT o.trajectory_id, o.outcome, o.end_time_unix_nano AS ended FROM trajectory_outcomes o {scope}",
+            {"agent": agent} if agent else None,
+        )
+        # `multi`: the capability's labeler repeats runs (LLM); single-run labels need no vote.
+        tx.execute(
+            f"CREATE OR REPLACE TEMP TABLE pass_labels AS "
+            f"SELECT l.capability, l.run, l.trajectory_id, l.label, max(l.run) OVER (PARTITION BY l.capability) > 0 AS multi "
+            f"FROM labels l JOIN {_CURRENT} c USING (capability, labeler, labeler_version) WHERE l.label <> 'ERROR'"
+        )
+        tx.register(
+            "pass_windows",
+            pa.table(
+                {"window_name": [w[0] for w in windows], "start_ns": [w[1] or 0 for w in windows]},
+                schema=pa.schema([("window_name", pa.string()), ("start_ns", pa.int64())]),
+            ),
+        )
+        min_delta, min_coverage, min_failures, consistency = thresholds
+        parameters = {"min_delta": min_delta, "min_coverage": min_coverage, "min_failures": min_failures, "consistency": consistency}
+        # All windows in one query: each trajectory appears once per window it falls in.
+        cursor = tx.execute(("INSERT INTO capability_stats " if store else "") + _STATS_SELECT, {**parameters, "pass_id": pass_id})
+        rows: list[dict[str, Any]] = []
+        if not store:
+            names = [column[0] for column in cursor.description]
+            rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+        tx.unregister("pass_windows")
+        tx.execute("DROP TABLE pass_trajectories")
+        tx.execute("DROP TABLE pass_labels")
+        tx.unregister(_CURRENT)
+        return rows
 
     def stats(self, pass_id: int | None = None) -> list[dict[str, Any]]:
         """The statistics of one pass (the latest by default)."""

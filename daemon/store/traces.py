@@ -278,6 +278,17 @@ class TrajectoryStore(Tables):
         )
         return items, total
 
+    def agents(self) -> list[dict[str, Any]]:
+        """Each agent that sent trajectories (its service.name, and gen_ai.agent.name where given):
+        how many, with which outcomes, and when the last one ended."""
+        return self.store.query(
+            "SELECT t.service_name, t.agent_name, count(*) AS trajectories, "
+            "count(*) FILTER (WHERE o.outcome = 'success') AS success, count(*) FILTER (WHERE o.outcome = 'failure') AS failure, "
+            "count(*) FILTER (WHERE o.outcome = 'unknown') AS unknown, max(t.end_time_unix_nano) AS last_end_time_unix_nano "
+            "FROM trajectories t JOIN trajectory_outcomes o USING (trajectory_id) "
+            "GROUP BY t.service_name, t.agent_name ORDER BY trajectories DESC, t.service_name, t.agent_name"
+        )
+
     def trajectory(self, trajectory_id: str) -> dict[str, Any] | None:
         """One trajectory with its conversation, tool calls, tools, labels and outcome evidence."""
         rows = self.store.query(
