@@ -23,6 +23,7 @@ from daemon.analysis.capabilities import (
 )  # fmt: skip
 from daemon.analysis.evaluation_labels import EvaluationLabeler, log_evaluation, span_evaluations
 from daemon.core.settings import AnalysisSettings
+from daemon.store.labels import Thresholds
 from daemon.store.store import AnalysisStore, Store
 
 log = logging.getLogger(__name__)
@@ -231,19 +232,19 @@ class Analyzer:
             return [Judgement(Label.ERROR, f"labeler error: {error}"[:200], (), 0.0)]
 
     def stats_pass(self) -> int:
-        return self.store.compute_stats(self.current(), self._windows(), *self._thresholds())
+        return self.store.compute_stats(self.current(), self._windows(), self._thresholds())
 
     def agent_stats(self, agent: str) -> list[dict[str, Any]]:
         """This pass's statistics over one agent's trajectories only (not stored, nothing selected by them)."""
-        return self.store.scoped_stats(agent, self.current(), self._windows(), *self._thresholds())
+        return self.store.scoped_stats(agent, self.current(), self._windows(), self._thresholds())
 
     def _windows(self) -> list[tuple[str, int | None]]:
         now_ns = time.time_ns()
         return [(window, window_start_ns(window, now_ns)) for window in dict.fromkeys([*self.settings.windows, self.settings.selection_window])]
 
-    def _thresholds(self) -> tuple[float, float, int, float]:
+    def _thresholds(self) -> Thresholds:
         settings = self.settings
-        return settings.min_delta, settings.min_coverage, settings.min_failures, settings.consistency
+        return Thresholds(settings.min_delta, settings.min_coverage, settings.min_failures, settings.consistency)
 
     def run_pass(self) -> AnalysisPass:
         """Label until caught up (bounded), then recompute the statistics."""

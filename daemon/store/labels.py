@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 import duckdb
 import pyarrow as pa
@@ -47,6 +47,15 @@ def _wilson(successes: str, total: str, prefix: str) -> str:
         f"CASE WHEN {total} > 0 THEN greatest(0, {center} - {half}) END AS {prefix}_low, "
         f"CASE WHEN {total} > 0 THEN least(1, {center} + {half}) END AS {prefix}_high"
     )
+
+
+class Thresholds(NamedTuple):
+    """The selection rule's thresholds ([analysis] settings of the same names)."""
+
+    min_delta: float
+    min_coverage: float
+    min_failures: int
+    consistency: float
 
 
 # The statistics of one pass over the pass tables (pass_trajectories, pass_labels, pass_windows):
@@ -285,13 +294,7 @@ class LabelStore(Tables):
             return tx.execute("DELETE FROM labels WHERE capability = ?", [capability]).fetchall()[0][0]
 
     def compute_stats(
-        self,
-        current: Sequence[tuple[str, str, str]],
-        windows: Sequence[tuple[str, int | None]],
-        min_delta: float,
-        min_coverage: float,
-        min_failures: int,
-        consistency: float,
+        self, current: Sequence[tuple[str, str, str]], windows: Sequence[tuple[str, int | None]], thresholds: Thresholds
     ) -> int:
         """Recompute every capability's statistics for each (window name, start ns) and store them as one pass.
 
@@ -301,31 +304,24 @@ class LabelStore(Tables):
         """
         pass_id = self.store.cursor.execute("SELECT coalesce(max(pass_id), 0) + 1 FROM capability_stats").fetchall()[0][0]
         with self.store.transaction() as tx:
-            self._stats(tx, current, windows, (min_delta, min_coverage, min_failures, consistency), pass_id, store=True)
+            self._stats(tx, current, windows, thresholds, pass_id, store=True)
         return pass_id
 
     def scoped_stats(
-        self,
-        agent: str,
-        current: Sequence[tuple[str, str, str]],
-        windows: Sequence[tuple[str, int | None]],
-        min_delta: float,
-        min_coverage: float,
-        min_failures: int,
-        consistency: float,
+        self, agent: str, current: Sequence[tuple[str, str, str]], windows: Sequence[tuple[str, int | None]], thresholds: Thresholds
     ) -> list[dict[str, Any]]:
         """The same statistics over one agent's trajectories only (its ``service.name`` or
         ``gen_ai.agent.name``), computed now and not stored: rows shaped like capability_stats',
         with pass_id 0. Another policy's runs (scripted flows, another agent) then lend it no contrast."""
         with self.store.transaction() as tx:
-            return self._stats(tx, current, windows, (min_delta, min_coverage, min_failures, consistency), 0, agent=agent)
+            return self._stats(tx, current, windows, thresholds, 0, agent=agent)
 
     @staticmethod
     def _stats(
         tx: duckdb.DuckDBPyConnection,
         current: Sequence[tuple[str, str, str]],
         windows: Sequence[tuple[str, int | None]],
-        thresholds: tuple[float, float, int, float],
+        thresholds: Thresholds,
         pass_id: int,
         agent: str | None = None,
         store: bool = False,
@@ -353,10 +349,8 @@ class LabelStore(Tables):
                 schema=pa.schema([("window_name", pa.string()), ("start_ns", pa.int64())]),
             ),
         )
-        min_delta, min_coverage, min_failures, consistency = thresholds
-        parameters = {"min_delta": min_delta, "min_coverage": min_coverage, "min_failures": min_failures, "consistency": consistency}
         # All windows in one query: each trajectory appears once per window it falls in.
-        cursor = tx.execute(("INSERT INTO capability_stats " if store else "") + _STATS_SELECT, {**parameters, "pass_id": pass_id})
+        cursor = tx.execute(("INSERT INTO capability_stats " if store else "") + _STATS_SELECT, {**thresholds._asdict(), "pass_id": pass_id})
         rows: list[dict[str, Any]] = []
         if not store:
             names = [column[0] for column in cursor.description]
