@@ -121,6 +121,15 @@ def render(report: dict[str, Any], command: str) -> str:
     for capability, rates in (report.get("lacking_by_capability") or {}).items():
         if capability != report.get("capability"):
             lines.append(f"| `{capability}` lacking on live traffic, before → after | {_rate(rates.get('before'))} → {_rate(rates.get('after'))} |")
+    own = report.get("agent_stats") or {}
+    for name in report.get("lives") or list(report["selected"])[:1]:
+        stats = (own.get("items") or {}).get(name)
+        if stats:
+            lines.append(
+                f"| `{name}` in the model-driven agent's own runs (`{own['agent']}`) | LACKING in {share_text(stats.get('er_minus'))} of "
+                f"its {stats['needed_failure']} failed runs that need it vs {share_text(stats.get('er_plus'))} of its "
+                f"{stats['needed_success']} successful ones |"
+            )
     lines += goal_steps_table(report.get("goal_steps") or {})
     lines += ["", "| at | stage |", "|---|---|"]
     for event in report["timeline"]:

@@ -120,6 +120,10 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
     steps = report["goal_steps"]
     assert sum(row["conversations"] for row in steps["before"]) == failure["before"]["total"]
     assert all(row["reaching"][-1] == 0 and sum(item["count"] for item in row["breaks"]) == row["conversations"] for row in steps["before"])
+    # The model-driven agent's own statistics leave the scripted flows (another service) out: no successes.
+    own = report["agent_stats"]["items"]["tool_call_precision"]
+    assert report["agent_stats"]["agent"] == "airline-support-agent" and own["n_success"] == 0 and own["n_failure"] > 0
+    assert report["selected"]["tool_call_precision"]["n_success"] > 0  # pooled, the flows' successes are the contrast
     lacking = report["lacking"]["before"]
     assert 0 < lacking["total"] <= failure["before"]["total"] and lacking["interval"][0] <= lacking["rate"] <= lacking["interval"][1]
     with pytest.raises(httpx.HTTPError):

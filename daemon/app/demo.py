@@ -137,6 +137,8 @@ def rate_record(count: int, total: int) -> dict[str, Any]:
     return {"count": count, "total": total, "rate": round(count / total, 4) if total else None, "interval": [round(low, 4), round(high, 4)]}
 
 
+MODEL_DRIVEN = "airline-support-agent"  # service.name of the model-driven agent's traces
+SCRIPTED_FLOWS = "airline-scripted-flows"  # … and of the scripted flows next to it
 PANEL_BATCHES = 6  # the model-driven agent's goals: 6 seeded batches of 4 conversations, over and over
 
 
@@ -156,8 +158,13 @@ class Traffic(threading.Thread):
             "collector": f"http://{loopback(collector.host)}:{collector.http_port}",
             "rate": rate, "conversations": batch, "concurrency": 2,
         }  # fmt: skip
-        model = {**common, "policy": "llm", "max_tokens": settings.model.max_new_tokens, "max_turns": 4, "temperature": 0.3}
-        flows = {**common, "policy": "scripted", "skip_confirmation": 0.0, "skip_read": 0.0}
+        model = {
+            **common, "policy": "llm", "max_tokens": settings.model.max_new_tokens, "max_turns": 4, "temperature": 0.3,
+            "service_name": MODEL_DRIVEN,
+        }  # fmt: skip
+        # The scripted flows are another policy: their own service.name, so the model-driven agent's
+        # own statistics (GET /api/agents/{name}/capabilities) leave them out.
+        flows = {**common, "policy": "scripted", "skip_confirmation": 0.0, "skip_read": 0.0, "service_name": SCRIPTED_FLOWS}
         planted = {**common, "policy": "scripted", "skip_confirmation": 0.5, "skip_read": 0.3}
         self.plan = {"llm": [model], "mixed": [model, flows], "scripted": [planted]}[policy]
         self.tally = tally
@@ -421,6 +428,11 @@ class Narrator:
             else:
                 result["capability"], result["lacking"] = capabilities[0], lacking[capabilities[0]]
                 result["lacking_by_capability"] = lacking
+        try:  # the gap as the model-driven agent's own runs show it, without the scripted flows' successes
+            own = self.client.get(f"/api/agents/{MODEL_DRIVEN}/capabilities")["items"]
+            result["agent_stats"] = {"agent": MODEL_DRIVEN, "items": {row["capability"]: row for row in own}}
+        except (DaemonUnavailable, ApiError) as error:
+            result["agent_stats_error"] = str(error)
         return result
 
 
