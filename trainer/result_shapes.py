@@ -28,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from datetime import date, datetime, timedelta
 from typing import Any
 
+from daemon.core.json_types import json_type
+
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _DATETIME = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?$")
 _TIME = re.compile(r"^\d{2}:\d{2}(:\d{2})?$")
@@ -48,12 +50,12 @@ def learn(samples: Sequence[tuple[Mapping[str, Any], Any]]) -> dict[str, Any]:
 
 
 def _learn(values: list[Any]) -> dict[str, Any]:
-    kinds = Counter(_kind(value) for value in values)
+    kinds = Counter(json_type(value) for value in values)
     nulls = kinds.pop("null", 0)
     if set(kinds) == {"integer", "number"}:  # 12 and 12.5 in one field: a number
         kinds = Counter({"number": kinds.total()})
     kind = kinds.most_common(1)[0][0] if kinds else "null"
-    present = [value for value in values if _kind(value) == kind or (kind == "number" and _kind(value) == "integer")]
+    present = [value for value in values if json_type(value) == kind or (kind == "number" and json_type(value) == "integer")]
     shape: dict[str, Any] = {"type": kind}
     if nulls and kind != "null":
         shape["nullable"] = round(nulls / len(values), 3)
@@ -75,22 +77,6 @@ def _learn(values: list[Any]) -> dict[str, Any]:
     elif kind == "string":
         shape.update(_string_shape(present))
     return shape
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, Mapping):
-        return "object"
-    if isinstance(value, list | tuple):
-        return "array"
-    return "string"
 
 
 def _decimals(value: float) -> int:
@@ -207,7 +193,7 @@ def _fit(shape: Mapping[str, Any], value: Any) -> tuple[float, int]:
     if value is None:
         return (1.0 if shape.get("nullable") or shape["type"] == "null" else 0.0), 1
     kind = shape["type"]
-    if _kind(value) != kind and not (kind == "number" and _kind(value) == "integer"):
+    if json_type(value) != kind and not (kind == "number" and json_type(value) == "integer"):
         return 0.0, max(1, _leaves(shape))
     if kind == "object":
         fitting, total = 0.0, 0

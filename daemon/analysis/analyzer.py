@@ -23,6 +23,7 @@ from daemon.analysis.capabilities import (
 )  # fmt: skip
 from daemon.analysis.evaluation_labels import EvaluationLabeler, log_evaluation, span_evaluations
 from daemon.core.settings import AnalysisSettings
+from daemon.core.json_types import json_type
 from daemon.store.labels import Thresholds
 from daemon.store.store import AnalysisStore, Store
 
@@ -43,22 +44,6 @@ def window_start_ns(window: str, now_ns: int | None = None) -> int | None:
     return now_ns - int(float(match.group(1)) * _SECONDS[match.group(2)] * 1e9)
 
 
-def _json_type(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return "null"
-
-
 def infer_schemas(observed: list[tuple[str, str]]) -> dict[str, ToolSpec]:
     """JSON schemas inferred from observed calls: keys seen in (almost) every call are required."""
     by_tool: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -75,7 +60,7 @@ def infer_schemas(observed: list[tuple[str, str]]) -> dict[str, ToolSpec]:
         present: dict[str, int] = defaultdict(int)
         for call in calls:
             for key, value in call.items():
-                types[key].add(_json_type(value))
+                types[key].add(json_type(value))
                 present[key] += 1
         properties = {}
         for key, seen in types.items():
