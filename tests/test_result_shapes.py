@@ -10,7 +10,7 @@ import pytest
 
 from examples.airline import Database
 from examples.airline.tools import execute
-from trainer.result_shapes import conformance, generate, learn
+from trainer.result_shapes import conformance, dress, generate, learn
 from trainer.world import Values
 
 
@@ -72,3 +72,19 @@ def test_small_value_sets_become_enums_free_text_stays_text_and_nulls_are_option
     assert shape["closed_at"]["shape"]["format"] == "date" and shape["closed_at"]["shape"]["nullable"] == 0.5
     with pytest.raises(ValueError, match="at least one"):
         learn([])
+
+
+def test_a_simulated_result_is_dressed_in_the_agents_shape_keeping_its_facts(reservations: list[tuple[dict, dict]]) -> None:
+    shape = learn(reservations)
+    simulated = {"reservation_id": "R-12345", "status": "pending", "customer_name": "Ana Diaz", "amount": 120.5}
+    dressed = dress(shape, simulated, random.Random(3), {"reservation_id": "R-12345"})
+    assert {key: dressed[key] for key in simulated} == simulated  # the simulation's facts win
+    assert set(shape["fields"]) <= set(dressed)  # every key the agent's tool returns is there
+    assert dressed["flights"][0]["flight_number"].startswith("BJ") and dressed["user_id"].startswith("U-")
+    assert conformance(shape, dressed) > 0.7 > 0.2 > conformance(shape, simulated)  # "pending" and two keys are not the tool's
+    assert dress(shape, simulated, random.Random(3), {"reservation_id": "R-12345"}) == dressed  # seeded
+    # A search's own matches are not joined by made-up lists; errors and non-objects pass through.
+    matches = {"results": [{"reservation_id": "R-1"}]}
+    assert all(not isinstance(value, list) or key == "results" for key, value in dress(shape, matches, random.Random(1)).items())
+    error = {"error": "not_found", "message": "no such reservation"}
+    assert dress(shape, error, random.Random(1)) == error and dress(shape, ["a"], random.Random(1)) == ["a"]
