@@ -22,6 +22,9 @@ class CheckReport:
     noop_mean: float = 0.0
     random_mean: float = 0.0
     errors: list[str] = field(default_factory=list)
+    # Per tool with a learned result shape: how well the simulated results fit what the agent's own
+    # tool returns, as simulated and as dressed in that shape (trainer.result_shapes.conformance).
+    shapes: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -42,17 +45,21 @@ class CheckReport:
             "random_mean": self.random_mean,
             "floor": FLOOR,
             "errors": self.errors[:20],
+            "result_shapes": self.shapes,
         }
 
 
 def check(environment: Environment, seeds: int = 100, first_seed: int = 0) -> CheckReport:
     """Replay the solution, a no-op policy and a random policy on `seeds` seeds."""
     solution, noop, random_rewards, failures, errors = [], [], [], [], []
+    fits: dict[str, list[tuple[float, float]]] = {}
     for seed in range(first_seed, first_seed + seeds):
         try:
             instance = environment.instance(seed)
             result = rollout(instance, solution_policy(instance)).reward
             solution.append(result)
+            for tool, before, after in instance.shaped:
+                fits.setdefault(tool, []).append((before, after))
             if result < 1.0:
                 failures.append(seed)
             noop.append(rollout(environment.instance(seed), noop_policy).reward)
@@ -68,4 +75,9 @@ def check(environment: Environment, seeds: int = 100, first_seed: int = 0) -> Ch
         noop_mean=round(statistics.fmean(noop), 4) if noop else 0.0,
         random_mean=round(statistics.fmean(random_rewards), 4) if random_rewards else 0.0,
         errors=errors,
+        shapes={
+            tool: {"results": len(pairs), "fit_simulated": round(statistics.fmean(p[0] for p in pairs), 3),
+                   "fit_dressed": round(statistics.fmean(p[1] for p in pairs), 3)}
+            for tool, pairs in sorted(fits.items())
+        },  # fmt: skip
     )

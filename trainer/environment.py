@@ -21,6 +21,8 @@ from typing import Any
 
 import orjson
 
+from trainer.result_shapes import conformance, dress
+
 Message = dict[str, Any]
 Policy = Callable[[list[Message]], Message]
 
@@ -34,6 +36,8 @@ class Tool:
     parameters: dict[str, Any]
     # Whether calling it changes state, as the daemon's settings say (None: judged by its name).
     state_changing: bool | None = None
+    # What it returns, learned from the agent's stored results (trainer.result_shapes); None: unknown.
+    result_shape: dict[str, Any] | None = None
 
     @classmethod
     def from_definition(cls, definition: dict[str, Any]) -> Tool:
@@ -45,7 +49,11 @@ class Tool:
             raise ValueError(f"tool definition without a name: {definition!r:.120}")
         parameters = body.get("parameters") or body.get("input_schema") or {"type": "object", "properties": {}}
         state_changing = body.get("state_changing", definition.get("state_changing"))
-        return cls(name, str(body.get("description") or ""), parameters, state_changing if isinstance(state_changing, bool) else None)
+        shape = body.get("result_shape", definition.get("result_shape"))
+        return cls(
+            name, str(body.get("description") or ""), parameters, state_changing if isinstance(state_changing, bool) else None,
+            shape if isinstance(shape, dict) and "type" in shape else None,
+        )  # fmt: skip
 
     def to_openai(self) -> dict[str, Any]:
         return {
@@ -206,6 +214,7 @@ class Instance(ABC):
         self.difficulty = difficulty
         self.random = random.Random(seed)
         self.events: list[str] = []  # observable events: parse errors, schema violations, …
+        self.shaped: list[tuple[str, float, float]] = []  # (tool, fit before, fit after) of each dressed result
 
     @abstractmethod
     def reset(self) -> list[Message]:
@@ -261,7 +270,7 @@ class DialogueInstance(Instance):
         parsed = parse_assistant(assistant)
         self.events.extend(parsed.errors)
         if parsed.calls:
-            return StepResult([self._answer(call) for call in parsed.calls], False)
+            return StepResult([self._dressed(call, self._answer(call)) for call in parsed.calls], False)
         if parsed.errors:
             return StepResult([{"role": "user", "content": "Sorry, I couldn't read that. What did you mean?"}], False)
         text = parsed.text.strip()
@@ -273,6 +282,24 @@ class DialogueInstance(Instance):
     @abstractmethod
     def _answer(self, call: ToolCall) -> Message:
         """The simulated tool result for one call."""
+
+    def _dressed(self, call: ToolCall, message: Message) -> Message:
+        """The simulated result in the shape the agent's own tool returns (when that was learned):
+        the simulation's fields kept, the tool's other fields added, seeded by the call. Each
+        dressed result's fit to the shape, before and after, is kept in ``shaped``."""
+        tool = next((tool for tool in self.tools if tool.name == call.name), None)
+        if tool is None or tool.result_shape is None:
+            return message
+        try:
+            result = orjson.loads(message["content"])
+        except (orjson.JSONDecodeError, TypeError):
+            return message
+        rng = random.Random(orjson.dumps([self.seed, call.name, call.arguments], option=orjson.OPT_SORT_KEYS, default=str))
+        dressed = dress(tool.result_shape, result, rng, call.arguments if isinstance(call.arguments, dict) else None)
+        if dressed is result:
+            return message
+        self.shaped.append((call.name, conformance(tool.result_shape, result), conformance(tool.result_shape, dressed)))
+        return {**message, "content": orjson.dumps(dressed).decode()}
 
     @abstractmethod
     def _on_text(self, text: str) -> StepResult:

@@ -17,10 +17,12 @@ from daemon.store.store import AnalysisStore
 from trainer.checks import check
 from trainer.environment import Environment, load_tools
 from trainer.families import find_family, load_families
+from trainer.result_shapes import learn
 
 log = logging.getLogger(__name__)
 
 ENVIRONMENT_STATE = "environment"
+MIN_RESULTS = 3  # stored results of a tool before its result shape is learned from them
 
 
 def with_state_changing(definition: Any, settings: CapabilitySettings) -> Any:
@@ -33,12 +35,19 @@ def with_state_changing(definition: Any, settings: CapabilitySettings) -> Any:
     return {**definition, "state_changing": settings.changes_state(name)} if isinstance(name, str) else definition
 
 
-def stored_definitions(rows: list[dict[str, Any]], settings: CapabilitySettings) -> list[dict[str, Any]]:
-    """Tool definitions from the daemon's `tool_definitions` rows (store or `/api/tools`), marked."""
-    return [
-        with_state_changing({"name": row["tool_name"], "description": row["description"], "parameters": row["parameters"] or {}}, settings)
-        for row in rows
-    ]
+def stored_definitions(
+    rows: list[dict[str, Any]], settings: CapabilitySettings, results: dict[str, list[tuple[dict[str, Any], Any]]] | None = None
+) -> list[dict[str, Any]]:
+    """Tool definitions from the daemon's `tool_definitions` rows (store or `/api/tools`), marked; a
+    tool with at least MIN_RESULTS stored results carries the ``result_shape`` learned from them."""
+    definitions = []
+    for row in rows:
+        definition = {"name": row["tool_name"], "description": row["description"], "parameters": row["parameters"] or {}}
+        samples = (results or {}).get(row["tool_name"], [])
+        if len(samples) >= MIN_RESULTS:
+            definition["result_shape"] = learn(samples)
+        definitions.append(with_state_changing(definition, settings))
+    return definitions
 
 
 class Synthesizer:
@@ -66,7 +75,7 @@ class Synthesizer:
         for request in self.store.requests_without_environment():
             capability = request["capability"]
             service = self.store.lacking_service(capability)
-            definitions = stored_definitions(self.store.tool_definitions(service), self.settings)
+            definitions = stored_definitions(self.store.tool_definitions(service), self.settings, self.store.tool_results(service))
             try:
                 environment = self.environment_for(capability, definitions)
             except ValueError as error:

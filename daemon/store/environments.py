@@ -136,6 +136,28 @@ class EnvironmentStore(Tables):
             item["parameters"] = orjson.loads(item["parameters"]) if item["parameters"] else None
         return items
 
+    def tool_results(self, service: str | None, per_tool: int = 200) -> dict[str, list[tuple[dict[str, Any], Any]]]:
+        """Per tool of `service`'s agent (all agents when None), the (arguments, result) of its latest
+        `per_tool` successful calls whose arguments and result are JSON: what its tools really return."""
+        rows = self.store.query(
+            "SELECT tool_name, arguments, result FROM ("
+            "  SELECT c.tool_name, c.arguments, c.result, row_number() OVER "
+            "    (PARTITION BY c.tool_name ORDER BY c.start_time_unix_nano DESC, c.trajectory_id, c.position) AS recent "
+            "  FROM tool_calls c JOIN trajectories t USING (trajectory_id) "
+            "  WHERE (? IS NULL OR t.service_name = ?) AND c.error IS NULL AND c.result IS NOT NULL"
+            ") WHERE recent <= ? ORDER BY tool_name, recent",
+            [service, service, per_tool],
+        )
+        results: dict[str, list[tuple[dict[str, Any], Any]]] = {}
+        for row in rows:
+            try:
+                arguments, result = orjson.loads(row["arguments"] or "{}"), orjson.loads(row["result"])
+            except orjson.JSONDecodeError:
+                continue  # a result in prose has no shape to learn
+            if isinstance(arguments, dict):
+                results.setdefault(row["tool_name"], []).append((arguments, result))
+        return results
+
     # -- inferred tool schemas -----------------------------------------------------------------
 
     def observed_arguments(self, service_name: str, limit_per_tool: int = 500) -> list[tuple[str, str]]:
