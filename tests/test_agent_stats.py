@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import httpx
+import pandas as pd
 import pytest
 
 from tests.conftest import RunningDaemon, make_daemon
@@ -72,3 +73,19 @@ def test_an_unknown_agent_or_window_is_a_clear_error(two_agents: RunningDaemon) 
     window = httpx.get(f"{two_agents.api_url}/api/agents/careful-agent/capabilities", params={"window": "3y"}, timeout=10)
     assert window.status_code == 422 and "unknown window '3y'" in window.json()["detail"]
     assert two_agents.get("/api/agents/careful-agent/capabilities", window="24h")["window"] == "24h"
+
+
+def test_the_health_page_shows_one_agents_own_statistics(two_agents: RunningDaemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_dashboard import app
+
+    test = app(two_agents.config_path, monkeypatch, "views/health.py")
+    pooled = test.dataframe[0].value.set_index("capability").loc["precondition_verification"]
+    assert pooled["failed runs lacking / needing"] == "6 / 6" and pooled["ER+ (successes)"] == 0.0
+    agents = test.selectbox(key="health_agent")
+    assert agents.options == ["all agents", "careful-agent", "careless-agent", "support"]
+    agents.select("careless-agent").run()
+    assert not test.exception
+    own = test.dataframe[0].value.set_index("capability").loc["precondition_verification"]
+    assert own["failed runs lacking / needing"] == "6 / 6" and pd.isna(own["ER+ (successes)"])  # no successes of its own
+    assert not own["selected"]  # one agent's view selects nothing
+    assert any("careless-agent's trajectories only" in caption.value for caption in test.caption)

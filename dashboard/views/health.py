@@ -15,6 +15,20 @@ from dashboard.capability_table import health_table, render_table, stats_row
 from dashboard.page import PageContext, no_traces, show
 
 
+ALL_AGENTS = "all agents"
+AGENT_HELP = (
+    "The selection pools every agent's trajectories (another agent's or policy's successes are the contrast). "
+    "One agent's own statistics count only the trajectories whose service.name or gen_ai.agent.name it is."
+)
+
+
+def scoped(items: list[dict[str, Any]], rows: list[dict[str, Any]], window: str) -> list[dict[str, Any]]:
+    """The capabilities with one agent's own statistics in `window` instead of the pooled ones; they
+    select nothing, so none is highlighted as selected."""
+    own = {row["capability"]: {**row, "selected": False, "rank": None} for row in rows}
+    return [{**item, "windows": {window: own.get(item["name"], {})}} for item in items]
+
+
 def render_charts(rows: list[dict[str, Any]], history: list[dict[str, Any]], context: PageContext) -> None:
     analysis = context.settings.analysis
     left, right = st.columns(2)
@@ -74,8 +88,16 @@ def render(context: PageContext) -> None:
         )
         return
     default = settings.analysis.selection_window if settings.analysis.selection_window in windows else windows[0]
-    window = st.selectbox("Statistics window", windows, index=windows.index(default), key="health_window")
-    histories = {item["name"]: api.get(f"/api/capabilities/{item['name']}", window=window)["history"] for item in items}
+    left, right = st.columns(2)
+    window = left.selectbox("Statistics window", windows, index=windows.index(default), key="health_window")
+    names = sorted({name for agent in api.get("/api/agents")["items"] for name in (agent["service_name"], agent["agent_name"]) if name})
+    agent = right.selectbox("Agent", [ALL_AGENTS, *names], key="health_agent", help=AGENT_HELP)
+    if agent == ALL_AGENTS:
+        histories = {item["name"]: api.get(f"/api/capabilities/{item['name']}", window=window)["history"] for item in items}
+    else:
+        items = scoped(items, api.get(f"/api/agents/{agent}/capabilities", window=window)["items"], window)
+        histories = {}  # the trend is of the stored passes, which pool every agent
+        st.caption(f"Statistics of {agent}'s trajectories only; selection and training still use every agent's.")
     rows = [stats_row(item, window) for item in items]
     outcomes = status["outcomes"]
     judged = outcomes["success"] + outcomes["failure"]
