@@ -403,10 +403,12 @@ class RoutingTable:
             return None
         capability = adapter.partition("@")[0]
         with self._lock:
-            live = self.current.get(capability)
-        if strict and (live is None or ("@" in adapter and live != adapter)):
-            known = ", ".join(sorted(self.current.values())) or "none"
-            raise RoutingError(f"{adapter!r} is not a live adapter or capability (live: {known})")
+            serving = {name for name in (self.current.get(capability), self.canaries.get(capability)) if name}
+            known = ", ".join(sorted({*self.current.values(), *self.canaries.values()})) or "none"
+        # A capability whose only version is a canary is a target too: its traffic splits between
+        # the canary and the base model, as it does when fixed routing names it from the start.
+        if strict and (not serving or ("@" in adapter and adapter not in serving)):
+            raise RoutingError(f"{adapter!r} is not a live or canary adapter, or their capability (serving: {known})")
         return capability
 
     def live(self) -> list[LiveAdapter]:

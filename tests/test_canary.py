@@ -179,3 +179,59 @@ def test_a_canary_rolled_back_by_hand_leaves_the_previous_state_serving(stack: t
     assert V1 in router.models()
     wait_for(lambda: router.models() == {"base"}, timeout_s=30)
     assert _state(daemon, 1) == "rolled_back"
+
+
+SECOND = "precondition_verification"
+
+
+@pytest.fixture
+def two_capabilities(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, RouterProcess]]:
+    """Candidates for two capabilities. Fixed routing sends every request to one capability's
+    traffic, switched by the test (a tiny random model's classifier never picks the second)."""
+    store = Store(StoreSettings(path=tmp_path / "tracefix.duckdb"))
+    for run_id, capability in enumerate((CAPABILITY, SECOND), start=1):
+        path = make_adapter(tiny_model, tmp_path / "adapters" / capability, capability, 1, 60 + run_id)
+        register_candidate(store, capability, 1, path, run_id)
+    store.close()
+    daemon = make_daemon(
+        tmp_path,
+        analysis={"interval_s": 0.5},
+        model={"name": str(tiny_model), "max_new_tokens": 8, "threads": 1},
+        router={"port": free_port(), "routing": "fixed", "fixed_adapter": CAPABILITY, "max_context_tokens": 2048},
+        promotion={
+            "interval_s": 0.3, "canary_fraction": 0.5, "canary_min_trajectories": MINIMUM, "reference_min_trajectories": MINIMUM,
+            "watch_min_trajectories": 1000,
+        },  # fmt: skip
+    )
+    daemon.start()
+    router = RouterProcess(daemon).start()
+    yield daemon, router
+    router.stop()
+    daemon.stop()
+
+
+def test_two_capabilities_adapters_go_live_one_after_the_other_and_both_serve_routed_traffic(
+    two_capabilities: tuple[RunningDaemon, RouterProcess],
+) -> None:
+    daemon, router = two_capabilities
+    admin = RouterAdmin(load_settings(daemon.config_path))
+    agent = Agent(daemon, router)
+    try:
+        for adapter_id, capability in ((1, CAPABILITY), (2, SECOND)):
+            assert _post(daemon, f"/api/adapters/{adapter_id}/approve", {"reason": "the next gap"}).status_code == 200
+            wait_for(lambda: _state(daemon, adapter_id) == "canary", timeout_s=90)
+            admin.set_routing("fixed", capability)  # its traffic from now on, split by its canary
+            agent.until(lambda: _state(daemon, adapter_id) == "live", lambda served: "success")
+        assert _state(daemon, 1) == "live"  # the first stays live next to the second
+        assert router.models() == {"base", V1, f"{SECOND}@v1"}
+        served = {}
+        for capability in (CAPABILITY, SECOND):
+            admin.set_routing("fixed", capability)
+            served[capability] = {agent.converse(lambda served: "success") for _ in range(3)}
+    finally:
+        agent.close()
+    assert served == {CAPABILITY: {V1}, SECOND: {f"{SECOND}@v1"}}
+    routing = wait_for(lambda: (r := daemon.get("/api/routing")) and {e["expert"] for e in r["experts"]} >= {V1, f"{SECOND}@v1"} and r, timeout_s=90)
+    assert {V1, f"{SECOND}@v1", "base"} <= {expert["expert"] for expert in routing["experts"]}
+    audit = [(row["adapter_id"], row["to_state"]) for row in daemon.get("/api/audit")["items"]][::-1]
+    assert audit == [(1, "approved"), (1, "canary"), (1, "live"), (2, "approved"), (2, "canary"), (2, "live")]

@@ -379,7 +379,7 @@ def test_routing_modes_off_fixed_and_their_refusals(router: Router) -> None:
     for body, fragment in [
         ({"mode": "sideways"}, "unknown routing mode"),
         ({"mode": "fixed"}, "needs 'adapter'"),
-        ({"mode": "fixed", "adapter": "ghost"}, "not a live adapter"),
+        ({"mode": "fixed", "adapter": "ghost"}, "not a live or canary adapter"),
         ({"mode": "off", "adapter": "fixedcap"}, "applies to mode 'fixed' only"),
     ]:
         response = router.admin("PUT", "/admin/routing", body)
