@@ -77,21 +77,24 @@ class Agent:
         self.provider.shutdown()
 
 
-@pytest.fixture
-def stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, RouterProcess]]:
-    paths = [make_adapter(tiny_model, tmp_path / "adapters" / f"v{version}", CAPABILITY, version, version) for version in (1, 2)]
+def _serving(
+    tmp_path: Path, tiny_model: Path, candidates: list[tuple[str, int]], **promotion: int
+) -> Iterator[tuple[RunningDaemon, RouterProcess]]:
+    """A daemon with these (capability, version) candidates registered, and a router whose fixed
+    routing makes every request the first capability's traffic, split between canary and control."""
     store = Store(StoreSettings(path=tmp_path / "tracefix.duckdb"))
-    for version, path in enumerate(paths, start=1):
-        register_candidate(store, CAPABILITY, version, path, version)
+    for run_id, (capability, version) in enumerate(candidates, start=1):
+        path = make_adapter(tiny_model, tmp_path / "adapters" / f"{capability}-v{version}", capability, version, 60 + run_id)
+        register_candidate(store, capability, version, path, run_id)
     store.close()
     daemon = make_daemon(
         tmp_path,
         analysis={"interval_s": 0.5},
         model={"name": str(tiny_model), "max_new_tokens": 8, "threads": 1},
-        # Fixed routing: every request is the capability's traffic, split between canary and control.
-        router={"port": free_port(), "routing": "fixed", "fixed_adapter": CAPABILITY, "max_context_tokens": 2048},
+        router={"port": free_port(), "routing": "fixed", "fixed_adapter": candidates[0][0], "max_context_tokens": 2048},
         promotion={
             "interval_s": 0.3, "canary_fraction": 0.5, "canary_min_trajectories": MINIMUM, "watch_min_trajectories": MINIMUM,
+            **promotion,
         },  # fmt: skip
     )
     daemon.start()
@@ -99,6 +102,11 @@ def stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, Rou
     yield daemon, router
     router.stop()
     daemon.stop()
+
+
+@pytest.fixture
+def stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, RouterProcess]]:
+    yield from _serving(tmp_path, tiny_model, [(CAPABILITY, 1), (CAPABILITY, 2)])
 
 
 def _rollbacks(daemon: RunningDaemon, stage: str) -> float:
@@ -186,28 +194,11 @@ SECOND = "precondition_verification"
 
 @pytest.fixture
 def two_capabilities(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, RouterProcess]]:
-    """Candidates for two capabilities. Fixed routing sends every request to one capability's
-    traffic, switched by the test (a tiny random model's classifier never picks the second)."""
-    store = Store(StoreSettings(path=tmp_path / "tracefix.duckdb"))
-    for run_id, capability in enumerate((CAPABILITY, SECOND), start=1):
-        path = make_adapter(tiny_model, tmp_path / "adapters" / capability, capability, 1, 60 + run_id)
-        register_candidate(store, capability, 1, path, run_id)
-    store.close()
-    daemon = make_daemon(
-        tmp_path,
-        analysis={"interval_s": 0.5},
-        model={"name": str(tiny_model), "max_new_tokens": 8, "threads": 1},
-        router={"port": free_port(), "routing": "fixed", "fixed_adapter": CAPABILITY, "max_context_tokens": 2048},
-        promotion={
-            "interval_s": 0.3, "canary_fraction": 0.5, "canary_min_trajectories": MINIMUM, "reference_min_trajectories": MINIMUM,
-            "watch_min_trajectories": 1000,
-        },  # fmt: skip
+    """Candidates for two capabilities; the test switches fixed routing between them (a tiny random
+    model's classifier never picks the second)."""
+    yield from _serving(
+        tmp_path, tiny_model, [(CAPABILITY, 1), (SECOND, 1)], reference_min_trajectories=MINIMUM, watch_min_trajectories=1000
     )
-    daemon.start()
-    router = RouterProcess(daemon).start()
-    yield daemon, router
-    router.stop()
-    daemon.stop()
 
 
 def test_two_capabilities_adapters_go_live_one_after_the_other_and_both_serve_routed_traffic(
