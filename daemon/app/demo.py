@@ -29,6 +29,7 @@ from daemon.core.intervals import wilson
 from daemon.core.progress import grpo_added_text, progress_text
 from daemon.core.settings import ENV_PREFIX, Settings, load_settings
 from daemon.app.supervisor import loopback
+from examples.airline.instructions import SERVICE_NAME
 
 # Demo defaults: analysis often enough to watch, a gate and training sized for the CPU, a canary
 # that decides on a few dozen conversations.
@@ -137,7 +138,7 @@ def rate_record(count: int, total: int) -> dict[str, Any]:
     return {"count": count, "total": total, "rate": round(count / total, 4) if total else None, "interval": [round(low, 4), round(high, 4)]}
 
 
-MODEL_DRIVEN = "airline-support-agent"  # service.name of the model-driven agent's traces
+MODEL_DRIVEN = SERVICE_NAME  # service.name of the model-driven agent's traces (the example agent's own)
 SCRIPTED_FLOWS = "airline-scripted-flows"  # … and of the scripted flows next to it
 PANEL_BATCHES = 6  # the model-driven agent's goals: 6 seeded batches of 4 conversations, over and over
 
