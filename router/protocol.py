@@ -200,6 +200,42 @@ def prompt_messages(request: ChatRequest) -> list[dict[str, str]]:
     return messages
 
 
+def stored_prompt_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """A stored trajectory's conversation (rows of the store's ``messages`` and ``trajectory_tools``)
+    rendered as this router renders a request for the model: what an adapter trained on it sees
+    again when it serves. ValueError when the rows are not a conversation OpenAI's API would take."""
+
+    def call(item: dict[str, Any]) -> dict[str, Any]:
+        arguments = item.get("arguments")
+        text = arguments if isinstance(arguments, str) else orjson.dumps(arguments if arguments is not None else {}).decode()
+        return {"id": item.get("id") or "call", "type": "function", "function": {"name": item.get("name") or "", "arguments": text}}
+
+    def message(row: dict[str, Any]) -> dict[str, Any]:
+        calls = row.get("tool_calls") or "[]"
+        calls = orjson.loads(calls) if isinstance(calls, str) else calls
+        out: dict[str, Any] = {"role": row["role"], "content": row.get("content")}
+        if calls and row["role"] == "assistant":
+            out["tool_calls"] = [call(item) for item in calls]
+            out["content"] = out["content"] or None
+        if row["role"] == "tool":
+            out["tool_call_id"] = row.get("tool_call_id") or ""
+        return out
+
+    def tool(row: dict[str, Any]) -> dict[str, Any]:
+        parameters = row.get("parameters")
+        parameters = orjson.loads(parameters) if isinstance(parameters, str) else parameters
+        function = {"name": row["tool_name"], "description": row.get("description") or None, "parameters": parameters}
+        return {"type": "function", "function": {key: value for key, value in function.items() if value is not None}}
+
+    try:
+        request = ChatRequest(model="stored", messages=[message(row) for row in messages], tools=[tool(row) for row in tools] or None)
+        return prompt_messages(request)
+    except (ValidationError, orjson.JSONDecodeError, KeyError, TypeError) as error:
+        raise ValueError(f"not a conversation the router would take: {error}") from None
+    except ApiError as error:
+        raise ValueError(error.message) from None
+
+
 def _plain(message: Message) -> dict[str, str]:
     role = "system" if message.role == "developer" else message.role
     content = message.text()

@@ -79,18 +79,25 @@ def load_policy(model_dir: Path, config: TrainingSettings) -> tuple[Any, Any]:
 def warm_start(model: Any, tokenizer: Any, environment: Environment, config: TrainingSettings, directory: Path, progress: Progress | None = None) -> dict[str, Any]:
     """Supervised pass on ground-truth demonstrations (seeds disjoint from evaluation's), loss on the
     policy's tokens only; each update is reported to `progress` (phase ``warm_start``)."""
+    sequences = [demonstration(tokenizer, environment.instance(seed), config.max_length).sequence() for seed in config.warm_start_range]
+    return supervised(model, tokenizer, sequences, config, directory / "warm_start", progress)
+
+
+def supervised(
+    model: Any, tokenizer: Any, sequences: list[tuple[list[int], list[int]]], config: TrainingSettings, output_dir: Path,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """`config.warm_start_epochs` supervised passes over (token ids, policy mask) sequences with the
+    warm start's batch and learning rate, the loss on the masked-in tokens only."""
     import torch
     from datasets import Dataset
     from trl import SFTConfig
 
     from trainer.shared_prefix import SharedPrefixSFTTrainer
 
-    rows = []
-    for seed in config.warm_start_range:
-        ids, policy = demonstration(tokenizer, environment.instance(seed), config.max_length).sequence()
-        rows.append({"input_ids": ids, "assistant_masks": policy})
+    rows = [{"input_ids": ids, "assistant_masks": policy} for ids, policy in sequences]
     arguments = SFTConfig(
-        output_dir=str(directory / "warm_start"),
+        output_dir=str(output_dir),
         num_train_epochs=config.warm_start_epochs,
         # `warm_start_batch` demonstrations per update, in one batch whose common opening (the agent's
         # instructions and tool definitions, most of every prompt) is run once: trainer/shared_prefix.py.

@@ -141,6 +141,16 @@ def rate_record(count: int, total: int) -> dict[str, Any]:
 MODEL_DRIVEN = SERVICE_NAME  # service.name of the model-driven agent's traces (the example agent's own)
 SCRIPTED_FLOWS = "airline-scripted-flows"  # … and of the scripted flows next to it
 PANEL_BATCHES = 6  # the model-driven agent's goals: 6 seeded batches of 4 conversations, over and over
+PANEL_BATCH = 4
+
+
+def model_driven(router_url: str, collector_url: str | None, max_tokens: int) -> dict[str, Any]:
+    """The model-driven agent's run settings (examples.airline.runner.RunConfig fields) for one
+    batch of the panel; the seed (0 … PANEL_BATCHES - 1) picks the batch's goals."""
+    return {
+        "policy": "llm", "router": router_url, "collector": collector_url, "conversations": PANEL_BATCH, "concurrency": 2,
+        "max_tokens": max_tokens, "max_turns": 4, "temperature": 0.3, "service_name": MODEL_DRIVEN,
+    }  # fmt: skip
 
 
 class Traffic(threading.Thread):
@@ -151,18 +161,13 @@ class Traffic(threading.Thread):
     While ``hold`` is set (an adapter trains), the model-driven conversations wait and the scripted
     flows go on: on two cores the router's generation and the trainer would halve each other."""
 
-    def __init__(self, settings: Settings, tally: Tally, policy: str, rate: float, batch: int = 4) -> None:
+    def __init__(self, settings: Settings, tally: Tally, policy: str, rate: float) -> None:
         super().__init__(name="demo-traffic", daemon=True)
         router, collector = settings.router, settings.collector
-        common = {
-            "router": f"http://{loopback(router.host)}:{router.port}/v1",
-            "collector": f"http://{loopback(collector.host)}:{collector.http_port}",
-            "rate": rate, "conversations": batch, "concurrency": 2,
-        }  # fmt: skip
-        model = {
-            **common, "policy": "llm", "max_tokens": settings.model.max_new_tokens, "max_turns": 4, "temperature": 0.3,
-            "service_name": MODEL_DRIVEN,
-        }  # fmt: skip
+        router_url = f"http://{loopback(router.host)}:{router.port}/v1"
+        collector_url = f"http://{loopback(collector.host)}:{collector.http_port}"
+        model = {**model_driven(router_url, collector_url, settings.model.max_new_tokens), "rate": rate}
+        common = {"router": router_url, "collector": collector_url, "rate": rate, "conversations": PANEL_BATCH, "concurrency": 2}
         # The scripted flows are another policy: their own service.name, so the model-driven agent's
         # own statistics (GET /api/agents/{name}/capabilities) leave them out.
         flows = {**common, "policy": "scripted", "skip_confirmation": 0.0, "skip_read": 0.0, "service_name": SCRIPTED_FLOWS}

@@ -1,0 +1,252 @@
+"""Targeted adapters against the blunt instrument, on the demo's own panel of seeded goals.
+
+After a `bench/demo_loop.py` run (its output directory, with the daemon stopped), this trains one
+adapter by imitation on the deployment's successful conversations, whole (`trainer/imitation.py`),
+at the budget the live capability-targeted adapters had: as many conversations as their episodes
+(warm-start demonstrations plus GRPO rollouts), over the warm start's epochs, batch, learning rate
+and LoRA shape. It then starts a router of its own on the demo's settings and runs the model-driven
+agent over the demo's panel (the same seeded goals, the same sampling), once per arm:
+
+- ``base``: routing off, the base model alone;
+- ``targeted``: the demo's live adapters, routed by the classifier as in the demo;
+- ``imitation``: the imitation adapter, asked for by name.
+
+and prints task success per arm with 95 % Wilson intervals, plus per goal how far the
+conversations got, as markdown (and JSON with ``--json``).
+
+    python bench/imitation_baseline.py --demo .tracefix/bench-demo
+    python bench/imitation_baseline.py --demo .tracefix/bench-demo --arms imitation --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from daemon.app.demo import MODEL_DRIVEN, PANEL_BATCHES, layered_settings, model_driven  # noqa: E402
+from daemon.app.supervisor import Supervisor, children  # noqa: E402
+from daemon.core.intervals import wilson  # noqa: E402
+from daemon.core.settings import Settings, load_settings  # noqa: E402
+from daemon.promotion.router_client import RouterAdmin  # noqa: E402
+from daemon.store.runs import RunStore  # noqa: E402
+from daemon.store.store import Store  # noqa: E402
+from daemon.store.traces import TrajectoryStore  # noqa: E402
+from router.protocol import stored_prompt_messages  # noqa: E402
+
+CAPABILITY = "imitation_baseline"  # the imitation adapter's name in the router: imitation_baseline@v1
+ARMS = ("base", "targeted", "imitation")
+
+
+def demo_settings(demo: Path) -> tuple[Settings, dict[str, str]]:
+    """The demo run's settings (its config file under the demo's own defaults) and the variables
+    that carry them to a child process."""
+    return layered_settings(demo / "demo.toml", fast=False)
+
+
+def live_adapters(store: Store) -> list[dict[str, Any]]:
+    return sorted(RunStore(store).adapters(state="live"), key=lambda item: item["adapter_id"])
+
+
+def episodes_of(adapter: dict[str, Any]) -> int:
+    """What one targeted adapter trained on: its warm-start demonstrations plus its GRPO rollouts."""
+    from trainer.adapters import read_manifest
+
+    metrics = read_manifest(Path(adapter["path"])).get("metrics") or {}
+    return int((metrics.get("warm_start") or {}).get("examples", 0)) + int(metrics.get("rollouts") or 0)
+
+
+def successful_conversations(store: Store, service: str | None, count: int, seed: int) -> tuple[list[list[dict[str, str]]], dict[str, int]]:
+    """`count` successful conversations (a seeded sample; repeated in turn when there are fewer),
+    rendered as the router renders them, and how many were found, usable and used."""
+    trajectories = TrajectoryStore(store)
+    items, total = trajectories.list_trajectories(None, None, "success", service, limit=100_000, offset=0)
+    usable: list[list[dict[str, str]]] = []
+    for item in items:
+        record = trajectories.trajectory(item["trajectory_id"])
+        try:
+            messages = stored_prompt_messages(record["messages"], record["tools"]) if record else []
+        except ValueError:
+            continue
+        if any(message["role"] == "assistant" for message in messages) and messages[0]["role"] == "system":
+            usable.append(messages)
+    if not usable:
+        raise SystemExit(f"no usable successful conversations in the store ({total} successful trajectories)")
+    random.Random(seed).shuffle(usable)
+    chosen = [usable[index % len(usable)] for index in range(count)]
+    return chosen, {"successful": total, "usable": len(usable), "used": count, "distinct": min(count, len(usable))}
+
+
+def train(settings: Settings, conversations: list[list[dict[str, str]]], output: Path) -> dict[str, Any]:
+    """The imitation adapter under `output/adapter` (trained once; a rerun reuses it)."""
+    from trainer.adapters import verify_adapter
+    from trainer.imitation import train_imitation
+    from trainer.model import resolve
+
+    if (output / "adapter").exists():
+        return verify_adapter(output / "adapter")
+    model_dir = resolve(settings.model.name, settings.model_cache_dir)
+    config = settings.training.model_copy(update={"threads": settings.training.threads or settings.model.threads})
+    return train_imitation(conversations, model_dir, output, config, CAPABILITY, settings.model.name, progress=_print_progress)
+
+
+def _print_progress(record: dict[str, Any]) -> None:
+    print(f"  imitation update {record['step']}/{record['max_steps']}: loss {record['loss']:.3f} at {record['elapsed_s']:.0f} s", file=sys.stderr, flush=True)
+
+
+class Router:
+    """A router of its own on the demo's settings (fresh port and token, no span export), started
+    and stopped by the supervisor `tracefix up` uses; its log is the demo's logs/router.log."""
+
+    def __init__(self, demo: Path, threads: int) -> None:
+        _, added = demo_settings(demo)
+        port = _free_port()
+        os.environ.update({
+            **added, "TRACEFIX_ROUTER_PORT": str(port), "TRACEFIX_ROUTER_TOKEN": secrets.token_hex(16),
+            "TRACEFIX_ROUTER_EXPORT_SPANS": "false", "TRACEFIX_MODEL_THREADS": str(threads), "TRACEFIX_ROUTER_ROUTING": "off",
+        })  # fmt: skip
+        self.config = demo / "demo.toml"
+        self.settings = load_settings(self.config, dict(os.environ))
+        self.url = f"http://127.0.0.1:{port}"
+        say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+        self.supervisor = Supervisor(children(self.settings, self.config, ["router"]), say=say)
+
+    def __enter__(self) -> Router:
+        self.supervisor.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.supervisor.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_arm(router: Router, arm: str, adapters: list[dict[str, Any]], imitation: Path, repeats: int, batches: int) -> dict[str, Any]:
+    """The model-driven agent over the panel's first `batches` batches (`repeats` times) with this
+    arm serving it."""
+    from examples.airline.progress import step_table
+    from examples.airline.runner import run_conversations
+
+    admin = RouterAdmin(router.settings)
+    model = "base"
+    if arm == "base":
+        admin.set_routing("off")
+    elif arm == "targeted":
+        for adapter in adapters:
+            name = f"{adapter['capability']}@v{adapter['version']}"
+            admin.load(name, adapter["capability"], adapter["version"], adapter["path"], adapter["capability"].replace("_", " "))
+        admin.set_routing("classifier")
+    else:
+        admin.load(f"{CAPABILITY}@v1", CAPABILITY, 1, str(imitation), "imitation of the agent's successful conversations")
+        model = f"{CAPABILITY}@v1"
+    outcomes = []
+    started = time.monotonic()
+    settings = router.settings
+    for repeat in range(repeats):
+        for seed in range(batches):
+            config = model_driven(f"{router.url}/v1", None, settings.model.max_new_tokens)
+            outcomes += run_conversations(seed=seed, model=model, run_id=f"{arm}-{repeat}-{seed}", **config)
+            done = sum(outcome.success for outcome in outcomes)
+            print(f"  {arm}: {done}/{len(outcomes)} succeeded after panel batch {seed} (pass {repeat + 1})", file=sys.stderr, flush=True)
+    if arm == "imitation":
+        admin.unload(model)
+    successes = sum(outcome.success for outcome in outcomes)
+    low, high = wilson(successes, len(outcomes))
+    return {
+        "arm": arm, "model": model, "conversations": len(outcomes), "successes": successes,
+        "rate": successes / len(outcomes), "interval": [round(low, 4), round(high, 4)],
+        "seconds": round(time.monotonic() - started, 1),
+        "goal_steps": step_table(outcome.progress for outcome in outcomes if outcome.progress),
+    }  # fmt: skip
+
+
+def render(report: dict[str, Any]) -> str:
+    from bench.demo_loop import goal_steps_table
+
+    data, budget = report["data"], report["budget"]
+    lines = [
+        "| arm | what serves the model-driven agent | task success on the panel |",
+        "|---|---|---|",
+    ]
+    what = {
+        "base": "the base model alone (routing off)",
+        "targeted": "the live capability-targeted adapters: " + ", ".join(f"`{name}`" for name in report["targeted"]) + " (classifier routing)",
+        "imitation": f"one adapter trained by imitation on {data['used']} successful conversations ({data['distinct']} distinct)",
+    }
+    for arm in report["arms"]:
+        low, high = arm["interval"]
+        lines.append(f"| {arm['arm']} | {what[arm['arm']]} | {arm['rate']:.2f} [{low:.2f}, {high:.2f}] ({arm['successes']}/{arm['conversations']}) |")
+    lines += [
+        "",
+        f"Budget: the targeted adapters trained on {budget['episodes']} episodes ({', '.join(f'{k}: {v}' for k, v in budget['per_adapter'].items())}); "
+        f"the imitation adapter on {data['used']} conversations × {report['imitation'].get('epochs')} epochs "
+        f"({report['imitation'].get('updates')} updates, {report['imitation'].get('policy_tokens')} policy tokens, "
+        f"{report['imitation_seconds'] / 60:.1f} min). Store: {data['successful']} successful trajectories, {data['usable']} usable.",
+    ]
+    lines += goal_steps_table({arm["arm"]: arm["goal_steps"] for arm in report["arms"]})
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--demo", type=Path, default=Path(".tracefix/bench-demo"), help="a finished bench/demo_loop.py run's output directory")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    parser.add_argument("--examples", type=int, help="conversations to imitate (default: the targeted adapters' episodes)")
+    parser.add_argument("--service", help="imitate only this service.name's conversations (default: every agent in the store)")
+    parser.add_argument("--repeats", type=int, default=1, help="passes over the panel per arm")
+    parser.add_argument("--batches", type=int, default=PANEL_BATCHES, help=f"panel batches of the demo's goals to run (all {PANEL_BATCHES})")
+    parser.add_argument("--seed", type=int, default=0, help="which successful conversations are sampled")
+    parser.add_argument("--json", type=Path, help="also write the report here")
+    arguments = parser.parse_args()
+    arms = [arm for arm in arguments.arms.split(",") if arm]
+    unknown = set(arms) - set(ARMS)
+    if unknown:
+        parser.error(f"unknown arms: {', '.join(sorted(unknown))}")
+    demo = arguments.demo.resolve()
+    settings, _ = demo_settings(demo)
+    output = demo / "imitation-baseline"
+
+    store = Store(settings.store)  # the demo's daemon must be stopped: DuckDB has one writer
+    try:
+        adapters = live_adapters(store)
+        per_adapter = {f"{item['capability']}@v{item['version']}": episodes_of(item) for item in adapters}
+        episodes = sum(per_adapter.values())
+        count = arguments.examples or episodes
+        if not count:
+            raise SystemExit("no live adapters in the demo's store to match the budget of; pass --examples")
+        conversations, data = successful_conversations(store, arguments.service, count, arguments.seed)
+    finally:
+        store.close()
+
+    started = time.monotonic()
+    manifest = train(settings, conversations, output)
+    imitation_seconds = time.monotonic() - started
+    results = []
+    with Router(demo, threads=2) as router:
+        for arm in arms:
+            results.append(run_arm(router, arm, adapters, output / "adapter", arguments.repeats, arguments.batches))
+    report = {
+        "demo": str(demo), "agent": MODEL_DRIVEN, "service": arguments.service, "data": data,
+        "budget": {"episodes": episodes, "per_adapter": per_adapter}, "targeted": list(per_adapter),
+        "imitation": manifest["metrics"]["imitation"], "imitation_seconds": round(imitation_seconds, 1), "arms": results,
+    }  # fmt: skip
+    if arguments.json:
+        arguments.json.write_text(json.dumps(report, indent=2))
+    print(render(report))
+
+
+if __name__ == "__main__":
+    main()
