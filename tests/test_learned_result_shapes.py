@@ -69,6 +69,7 @@ def test_environments_on_shaped_tools_still_check_and_their_reads_come_back_in_t
     for name, family in load_families().items():
         report = check(Environment(family, tools, family.levels[0]), seeds=8)
         assert report.passed, (name, report.to_dict())  # the ground truth still solves every seed
+        assert report.to_dict()["result_shapes"], name  # every family's reads and writes are dressed
         for tool, fit in report.to_dict()["result_shapes"].items():
             assert fit["results"] > 0 and 0.0 <= fit["fit_simulated"] <= fit["fit_dressed"] <= 1.0, (name, tool, fit)
             dressed_somewhere |= fit["fit_dressed"] > fit["fit_simulated"]

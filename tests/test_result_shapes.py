@@ -88,3 +88,25 @@ def test_a_simulated_result_is_dressed_in_the_agents_shape_keeping_its_facts(res
     assert all(not isinstance(value, list) or key == "results" for key, value in dress(shape, matches, random.Random(1)).items())
     error = {"error": "not_found", "message": "no such reservation"}
     assert dress(shape, error, random.Random(1)) == error and dress(shape, ["a"], random.Random(1)) == ["a"]
+
+
+def test_a_simulated_key_is_renamed_to_the_agents_own_field_for_the_same_fact() -> None:
+    stored = [
+        ({"reservation_id": f"R-{n:05d}"}, {"reservation_id": f"R-{n:05d}", "refund_amount": 10.5 + n, "created_at": f"2025-10-{n + 1:02d}T09:00:00",
+                                             "travelerName": {"first": "A", "last": "B"}})
+        for n in range(6)
+    ]  # fmt: skip
+    shape = learn(stored)
+    simulated = {"reservation_id": "R-00042", "amount": 99.95, "created": "2025-11-02T10:30:00", "traveler_name": "Ana Diaz", "note": "late"}
+    dressed = dress(shape, simulated, random.Random(1), {"reservation_id": "R-00042"})
+    # The same facts under the tool's own names: a word in common and a value that fits the field.
+    assert dressed["refund_amount"] == 99.95 and dressed["created_at"] == "2025-11-02T10:30:00"
+    assert "amount" not in dressed and "created" not in dressed
+    # A string is not renamed onto an object field, and a key with no kin keeps its name; no fact is lost.
+    assert dressed["traveler_name"] == "Ana Diaz" and isinstance(dressed["travelerName"], dict) and dressed["note"] == "late"
+    assert set(map(str, simulated.values())) <= set(map(str, dressed.values()))
+    # A value of the wrong format is not renamed: "yesterday" is no datetime.
+    assert dress(shape, {"reservation_id": "R-00042", "created": "yesterday"}, random.Random(1))["created"] == "yesterday"
+    # Renamed, the result fits the agent's shape better than with the simulation's names kept.
+    unrenamed = {**{key: value for key, value in dressed.items() if key not in ("refund_amount", "created_at")}, "amount": 99.95, "created": "2025-11-02T10:30:00"}
+    assert conformance(shape, dressed) > conformance(shape, unrenamed)

@@ -239,6 +239,19 @@ class Instance(ABC):
         """Guidance a trainer may inject into some rollouts when the base model is too weak."""
         return None
 
+    def _dress(self, call: ToolCall, result: Any) -> Any:
+        """A simulated result in the shape the agent's own tool returns (when that was learned): the
+        simulation's fields kept, the tool's other fields added, seeded by the call. Each dressed
+        result's fit to the shape, before and after, is kept in ``shaped``."""
+        tool = next((tool for tool in self.tools if tool.name == call.name), None)
+        if tool is None or tool.result_shape is None:
+            return result
+        rng = random.Random(orjson.dumps([self.seed, call.name, call.arguments], option=orjson.OPT_SORT_KEYS, default=str))
+        dressed = dress(tool.result_shape, result, rng, call.arguments if isinstance(call.arguments, dict) else None)
+        if dressed is not result:
+            self.shaped.append((call.name, conformance(tool.result_shape, result), conformance(tool.result_shape, dressed)))
+        return dressed
+
 
 class DialogueInstance(Instance):
     """An instance that answers tool calls with simulated results and plain text with a user turn.
@@ -284,22 +297,13 @@ class DialogueInstance(Instance):
         """The simulated tool result for one call."""
 
     def _dressed(self, call: ToolCall, message: Message) -> Message:
-        """The simulated result in the shape the agent's own tool returns (when that was learned):
-        the simulation's fields kept, the tool's other fields added, seeded by the call. Each
-        dressed result's fit to the shape, before and after, is kept in ``shaped``."""
-        tool = next((tool for tool in self.tools if tool.name == call.name), None)
-        if tool is None or tool.result_shape is None:
-            return message
+        """The tool message with its result dressed in the tool's learned shape (`Instance._dress`)."""
         try:
             result = orjson.loads(message["content"])
         except (orjson.JSONDecodeError, TypeError):
             return message
-        rng = random.Random(orjson.dumps([self.seed, call.name, call.arguments], option=orjson.OPT_SORT_KEYS, default=str))
-        dressed = dress(tool.result_shape, result, rng, call.arguments if isinstance(call.arguments, dict) else None)
-        if dressed is result:
-            return message
-        self.shaped.append((call.name, conformance(tool.result_shape, result), conformance(tool.result_shape, dressed)))
-        return {**message, "content": orjson.dumps(dressed).decode()}
+        dressed = self._dress(call, result)
+        return message if dressed is result else {**message, "content": orjson.dumps(dressed).decode()}
 
     @abstractmethod
     def _on_text(self, text: str) -> StepResult:

@@ -186,10 +186,45 @@ def dress(shape: Mapping[str, Any], result: Any, rng: random.Random, arguments: 
     anything but an object result (an error, a list, text) is returned as it is."""
     if shape.get("type") != "object" or not isinstance(result, dict) or "error" in result:
         return result
+    result = _renamed(shape.get("fields", {}), result)
     has_list = any(isinstance(value, list) for value in result.values())
     learned = generate(shape, rng, {**(arguments or {}), **{key: value for key, value in result.items() if not isinstance(value, dict | list)}})
     extra = {key: value for key, value in learned.items() if key not in result and not (has_list and isinstance(value, list))}
     return {**result, **extra}
+
+
+def _renamed(fields: Mapping[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    """The result with each key the agent's tool never returns renamed to a learned field the
+    result lacks, whose name shares a word with the key and whose shape the value fits (``amount`` →
+    ``refund_amount``, ``created`` → ``created_at``); the closest name wins, and a key with no such
+    field keeps its name. Values are never changed: they are the simulation's facts."""
+    free = [name for name in fields if name not in result]
+    renamed: dict[str, Any] = {}
+    for key, value in result.items():
+        words = _words(key)
+        candidates = [
+            (len(words & _words(name)) / len(words | _words(name)), name)
+            for name in free
+            if words & _words(name) and _fits_whole(fields[name]["shape"], value)
+        ]
+        if key in fields or not candidates:
+            renamed[key] = value
+            continue
+        name = max(candidates, key=lambda item: item[0])[1]
+        free.remove(name)
+        renamed[name] = value
+    return renamed
+
+
+def _words(name: str) -> set[str]:
+    return {word for word in re.split(r"[^a-z0-9]+", re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()) if word}
+
+
+def _fits_whole(shape: Mapping[str, Any], value: Any) -> bool:
+    """A scalar that fits the shape's type and format, or a container of the shape's type."""
+    if isinstance(value, dict | list):
+        return json_type(value) == shape["type"]
+    return value is not None and conformance(shape, value) >= 1.0
 
 
 # -- conformance ---------------------------------------------------------------------------------

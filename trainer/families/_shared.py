@@ -140,7 +140,7 @@ class ToolUseInstance(Instance):
         if problem is not None:
             self.events.append(f"schema_violation: {call.name}: {problem}")
             return {"error": f"invalid arguments for {call.name}: {problem}"}
-        return self._execute(call, tool, index)
+        return self._dress(call, self._execute(call, tool, index))
 
     @abstractmethod
     def _execute(self, call: ToolCall, tool: Tool, index: int) -> Any:
