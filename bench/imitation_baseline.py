@@ -39,7 +39,7 @@ from daemon.core.intervals import wilson  # noqa: E402
 from daemon.core.settings import Settings, load_settings  # noqa: E402
 from daemon.promotion.router_client import RouterAdmin  # noqa: E402
 from daemon.store.runs import RunStore  # noqa: E402
-from daemon.store.store import Store  # noqa: E402
+from daemon.store.store import Store, StoreError  # noqa: E402
 from daemon.store.traces import TrajectoryStore  # noqa: E402
 from router.protocol import stored_prompt_messages  # noqa: E402
 
@@ -216,10 +216,17 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown arms: {', '.join(sorted(unknown))}")
     demo = arguments.demo.resolve()
+    if not (demo / "demo.toml").is_file():
+        parser.error(f"{demo} holds no demo.toml: pass a bench/demo_loop.py run's --output")
     settings, _ = demo_settings(demo)
     output = demo / "imitation-baseline"
 
-    store = Store(settings.store)  # the demo's daemon must be stopped: DuckDB has one writer
+    if not settings.store.path.exists():
+        raise SystemExit(f"no store at {settings.store.path}: pass a finished bench/demo_loop.py run's --output")
+    try:
+        store = Store(settings.store)
+    except StoreError as error:  # DuckDB has one writer: the demo's daemon must have stopped
+        raise SystemExit(str(error)) from None
     try:
         adapters = live_adapters(store)
         per_adapter = {f"{item['capability']}@v{item['version']}": episodes_of(item) for item in adapters}
