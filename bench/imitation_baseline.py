@@ -2,13 +2,14 @@
 
 After a `bench/demo_loop.py` run (its output directory, with the daemon stopped), this trains one
 adapter by imitation on the deployment's successful conversations, whole (`trainer/imitation.py`),
-at the budget the live capability-targeted adapters had: as many conversations as their episodes
+at the budget the approved capability-targeted adapters had: as many conversations as their episodes
 (warm-start demonstrations plus GRPO rollouts), over the warm start's epochs, batch, learning rate
 and LoRA shape. It then starts a router of its own on the demo's settings and runs the model-driven
 agent over the demo's panel (the same seeded goals, the same sampling), once per arm:
 
 - ``base``: routing off, the base model alone;
-- ``targeted``: the demo's live adapters, routed by the classifier as in the demo;
+- ``targeted``: the demo's approved adapters (live, or in canary when its time ran out), all live
+  here, routed by the classifier as in the demo;
 - ``imitation``: the imitation adapter, asked for by name.
 
 and prints task success per arm with 95 % Wilson intervals, plus per goal how far the
@@ -53,8 +54,11 @@ def demo_settings(demo: Path) -> tuple[Settings, dict[str, str]]:
     return layered_settings(demo / "demo.toml", fast=False)
 
 
-def live_adapters(store: Store) -> list[dict[str, Any]]:
-    return sorted(RunStore(store).adapters(state="live"), key=lambda item: item["adapter_id"])
+def targeted_adapters(store: Store) -> list[dict[str, Any]]:
+    """The demo's approved adapters: live, or still in canary when its time ran out (served here
+    as live, as promotion would have)."""
+    runs = RunStore(store)
+    return sorted(runs.adapters(state="live") + runs.adapters(state="canary"), key=lambda item: item["adapter_id"])
 
 
 def episodes_of(adapter: dict[str, Any]) -> int:
@@ -183,7 +187,8 @@ def render(report: dict[str, Any]) -> str:
     ]
     what = {
         "base": "the base model alone (routing off)",
-        "targeted": "the live capability-targeted adapters: " + ", ".join(f"`{name}`" for name in report["targeted"]) + " (classifier routing)",
+        "targeted": "the demo's capability-targeted adapters: "
+        + ", ".join(f"`{name}` ({report['states'][name]} in the demo)" for name in report["targeted"]) + ", all live here (classifier routing)",
         "imitation": f"one adapter trained by imitation on {data['used']} successful conversations ({data['distinct']} distinct)",
     }
     for arm in report["arms"]:
@@ -228,12 +233,13 @@ def main() -> None:
     except StoreError as error:  # DuckDB has one writer: the demo's daemon must have stopped
         raise SystemExit(str(error)) from None
     try:
-        adapters = live_adapters(store)
+        adapters = targeted_adapters(store)
         per_adapter = {f"{item['capability']}@v{item['version']}": episodes_of(item) for item in adapters}
+        states = {f"{item['capability']}@v{item['version']}": item["state"] for item in adapters}
         episodes = sum(per_adapter.values())
         count = arguments.examples or episodes
         if not count:
-            raise SystemExit("no live adapters in the demo's store to match the budget of; pass --examples")
+            raise SystemExit("no approved adapters in the demo's store to match the budget of; pass --examples")
         conversations, data = successful_conversations(store, arguments.service, count, arguments.seed)
     finally:
         store.close()
@@ -247,7 +253,7 @@ def main() -> None:
             results.append(run_arm(router, arm, adapters, output / "adapter", arguments.repeats, arguments.batches))
     report = {
         "demo": str(demo), "agent": MODEL_DRIVEN, "service": arguments.service, "data": data,
-        "budget": {"episodes": episodes, "per_adapter": per_adapter}, "targeted": list(per_adapter),
+        "budget": {"episodes": episodes, "per_adapter": per_adapter}, "targeted": list(per_adapter), "states": states,
         "imitation": manifest["metrics"]["imitation"], "imitation_seconds": round(imitation_seconds, 1), "arms": results,
     }  # fmt: skip
     if arguments.json:

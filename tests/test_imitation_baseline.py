@@ -142,7 +142,7 @@ def test_the_imitation_adapter_trains_on_a_daemons_successful_runs_and_goes_thro
     report = json.loads(report_path.read_text())
     # Six conversations to imitate, drawn from the four stored ones (two of them twice).
     assert report["data"] == {"successful": 4, "usable": 4, "used": 6, "distinct": 4}
-    assert report["targeted"] == ["tool_call_precision@v1"]
+    assert report["targeted"] == ["tool_call_precision@v1"] and report["states"] == {"tool_call_precision@v1": "live"}
     manifest = verify_adapter(demo / "imitation-baseline" / "adapter")
     assert manifest["capability"] == "imitation_baseline" and manifest["recipe"] == "imitation"
     assert manifest["metrics"]["imitation"]["examples"] == 6 and manifest["metrics"]["imitation"]["policy_tokens"] > 0
