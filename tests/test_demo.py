@@ -232,3 +232,21 @@ def test_with_two_adapters_wanted_each_gets_its_periods_and_after_waits_for_both
     assert tally.outcomes == {"before": {"a": False}, "canary 1": {"b": False}, "after 1": {"c": True}, "canary 2": {"d": True}, "after": {"e": True}}
     assert narrator.lives == ["tool_call_precision", "error_recovery"] and narrator.live == "tool_call_precision"
     assert lines[-1] == "error_recovery@v1 is live: the agent's conversations from now on count as 'after'"
+
+
+def test_a_run_whose_time_ends_before_after_still_closes_with_what_it_measured() -> None:
+    """With two adapters wanted and the time up while the second trains, the periods reached are
+    reported and the ones not reached say so (the closing line once raised on the missing 'after',
+    and the run lost its report)."""
+    from daemon.app.demo import lacking_text
+
+    measured = {
+        "capability": "tool_call_precision",
+        "lacking": {"before": {"count": 20, "total": 20}, "canary 1": {"count": 10, "total": 26}, "after 1": {"count": 9, "total": 24}},
+    }
+    line = lacking_text(measured)
+    assert line is not None and line.startswith("tool_call_precision lacking before the adapter: 1.00")
+    assert "after: not reached" in line and "during the canary: not reached" in line
+    measured["lacking"]["after"] = {"count": 3, "total": 24}
+    assert "after: 0.12" in (lacking_text(measured) or "")
+    assert lacking_text({"capability": "tool_call_precision"}) is None

@@ -531,12 +531,8 @@ def run(
     )
     if not stack.stopping.is_set():  # the daemon is still up: read its labels of the same conversations
         measured = narrator.measured()
-        if "lacking" in measured:
-            lacking = {side: rate_text(value["count"], value["total"]) for side, value in measured["lacking"].items()}
-            say(
-                f"{measured['capability']} lacking before the adapter: {lacking['before']}; after: {lacking['after']}"
-                f" (during the canary: {lacking['canary']})"
-            )
+        if line := lacking_text(measured):
+            say(line)
         if report is not None:
             document = {
                 "settings": {
@@ -552,6 +548,18 @@ def run(
     stack.stop()
     client.close()
     return 0
+
+
+def lacking_text(measured: dict[str, Any]) -> str | None:
+    """The closing line on the capability's lacking rate per period; a period the run did not reach
+    (its time ran out before an adapter went live) reads "not reached"."""
+    if "lacking" not in measured:
+        return None
+    lacking = {side: rate_text(value["count"], value["total"]) for side, value in measured["lacking"].items()}
+    return (
+        f"{measured['capability']} lacking before the adapter: {lacking.get('before', 'not reached')}; "
+        f"after: {lacking.get('after', 'not reached')} (during the canary: {lacking.get('canary', 'not reached')})"
+    )
 
 
 def _has_streamlit() -> bool:
