@@ -8,8 +8,8 @@ and LoRA shape. It then starts a router of its own on the demo's settings and ru
 agent over the demo's panel (the same seeded goals, the same sampling), once per arm:
 
 - ``base``: routing off, the base model alone;
-- ``targeted``: the demo's approved adapters (live, or in canary when its time ran out), all live
-  here, routed by the classifier as in the demo;
+- ``targeted``: the demo's approved adapters (live, or in canary or approved when its time ran
+  out), all live here, routed by the classifier as in the demo;
 - ``imitation``: the imitation adapter, asked for by name.
 
 and prints task success per arm with 95 % Wilson intervals, plus per goal how far the
@@ -54,11 +54,13 @@ def demo_settings(demo: Path) -> tuple[Settings, dict[str, str]]:
     return layered_settings(demo / "demo.toml", fast=False)
 
 
+APPROVED = ("live", "canary", "approved")  # an approved adapter not yet live when the demo's time ran out is served live here
+
+
 def targeted_adapters(store: Store) -> list[dict[str, Any]]:
-    """The demo's approved adapters: live, or still in canary when its time ran out (served here
-    as live, as promotion would have)."""
+    """The demo's approved adapters, oldest first: live, or still on their way there."""
     runs = RunStore(store)
-    return sorted(runs.adapters(state="live") + runs.adapters(state="canary"), key=lambda item: item["adapter_id"])
+    return sorted((item for state in APPROVED for item in runs.adapters(state=state)), key=lambda item: item["adapter_id"])
 
 
 def episodes_of(adapter: dict[str, Any]) -> int:

@@ -525,9 +525,10 @@ def run(
     traffic.stopping.set()
     say("stopping …")
     traffic.join(120)  # its conversations in flight finish and their spans go out before the collector stops
+    numbered = " · ".join(f"{period} {tally.failure_rate(outcomes)}" for period, outcomes in tally.outcomes.items() if period not in ("before", "canary", "after"))
     say(
         f"model-driven failure rate before the adapter: {tally.failure_rate(tally.before)}; after: {tally.failure_rate(tally.after)}"
-        f" (during the canary: {tally.failure_rate(tally.canary)})"
+        f" (during the canary: {tally.failure_rate(tally.canary)})" + (f"; one adapter after another: {numbered}" if numbered else "")
     )
     if not stack.stopping.is_set():  # the daemon is still up: read its labels of the same conversations
         measured = narrator.measured()
