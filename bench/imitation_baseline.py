@@ -26,7 +26,6 @@ import json
 import os
 import random
 import secrets
-import socket
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.demo_loop import free_port, goal_steps_table  # noqa: E402
 from daemon.app.demo import MODEL_DRIVEN, PANEL_BATCHES, layered_settings, model_driven  # noqa: E402
 from daemon.app.supervisor import Supervisor, children  # noqa: E402
 from daemon.core.intervals import wilson  # noqa: E402
@@ -115,7 +115,7 @@ class Router:
 
     def __init__(self, demo: Path, threads: int) -> None:
         _, added = demo_settings(demo)
-        port = _free_port()
+        port = free_port()
         os.environ.update({
             **added, "TRACEFIX_ROUTER_PORT": str(port), "TRACEFIX_ROUTER_TOKEN": secrets.token_hex(16),
             "TRACEFIX_ROUTER_EXPORT_SPANS": "false", "TRACEFIX_MODEL_THREADS": str(threads), "TRACEFIX_ROUTER_ROUTING": "off",
@@ -132,12 +132,6 @@ class Router:
 
     def __exit__(self, *_: object) -> None:
         self.supervisor.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def run_arm(router: Router, arm: str, adapters: list[dict[str, Any]], imitation: Path, repeats: int, batches: int) -> dict[str, Any]:
@@ -180,8 +174,6 @@ def run_arm(router: Router, arm: str, adapters: list[dict[str, Any]], imitation:
 
 
 def render(report: dict[str, Any]) -> str:
-    from bench.demo_loop import goal_steps_table
-
     data, budget = report["data"], report["budget"]
     lines = [
         "| arm | what serves the model-driven agent | task success on the panel |",
