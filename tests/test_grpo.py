@@ -20,11 +20,11 @@ import torch
 from pydantic import ValidationError
 
 from daemon.core.settings import TrainingSettings
-from tests.learnable import LetterFamily
+from tests.learnable import LetterFamily, LetterInstance
 from trainer import model as models
 from trainer.environment import Environment, load_tools
 from trainer.families import load_families
-from trainer.grpo import _groups, advantages, group_stats, latest_checkpoint, optimise, take_rollouts
+from trainer.grpo import _groups, advantages, draw_rollouts, group_stats, latest_checkpoint, optimise, step_seeds, take_rollouts
 from trainer.recipes import load_policy, lora_state, train
 from trainer.rollouts import ChatTokens, Sampling, demonstration, generate_rollouts
 
@@ -107,6 +107,56 @@ def test_a_micro_batched_update_is_the_update_of_one_batch(peaked: Path) -> None
         torch.testing.assert_close(tensor, weights_four[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
+class _FlatOrSplit(LetterInstance):
+    """Seeds in ``FLAT`` earn 0 whatever the reply (a group without variance); the others earn 1 in
+    every second episode built (a group with variance whatever the model samples)."""
+
+    FLAT: set[int] = set()
+    built = 0
+
+    def __init__(self, tools: object, seed: int, difficulty: int) -> None:
+        super().__init__([], seed, difficulty)
+        _FlatOrSplit.built += 1
+        self.index = _FlatOrSplit.built
+
+    def reward(self) -> float:
+        return 0.0 if self.seed in self.FLAT else float(self.index % 2)
+
+
+class _FlatOrSplitFamily(LetterFamily):
+    def build(self, tools: object, seed: int, difficulty: int) -> LetterInstance:
+        return _FlatOrSplit([], seed, difficulty)
+
+
+def _seeds_played(rollouts: list, group_size: int, tokenizer: object) -> list[str]:
+    return [tokenizer.decode(item.prompt_ids).split("Go ")[1][0] for item in rollouts[::group_size]]
+
+
+@pytest.mark.parametrize(("flat", "resample", "expected_groups", "expected_resampled"), [
+    ({0, 1}, 2, 4, 2),  # both groups flat: two more seeds are played, and both have variance
+    ({0}, 2, 3, 1),  # one flat group: one more seed
+    ({0, 1, 2}, 2, 4, 2),  # the first extra seed is flat too: the step ends with what it has
+    ({0, 1}, 0, 2, 0),  # dynamic sampling off: the step keeps its flat groups
+])  # fmt: skip
+def test_dynamic_sampling_replaces_groups_without_variance(
+    peaked: Path, flat: set[int], resample: int, expected_groups: int, expected_resampled: int
+) -> None:
+    config = _config(group_size=4, groups_per_step=2, resample_groups=resample)
+    model, tokenizer = load_policy(peaked, config)
+    environment = Environment(_FlatOrSplitFamily(), [], 1)
+    candidates = step_seeds(config, 0)
+    _FlatOrSplit.FLAT = {candidates[index] for index in flat}
+    rollouts, resampled = draw_rollouts(model, tokenizer, environment, config, step=0, guided_share=0.0)
+    stats = group_stats(rollouts, config.group_size)
+    assert (stats.groups, resampled) == (expected_groups, expected_resampled)
+    # The step played its own seeds in order, flat ones included, and the groups it trains on are
+    # those with variance: at most groups_per_step.
+    assert _seeds_played(rollouts, 4, tokenizer) == [str(seed % 7) for seed in candidates[:expected_groups]]
+    assert len(_groups(rollouts, config)) == stats.groups - stats.zero_variance_groups == sum(c not in _FlatOrSplit.FLAT for c in candidates[:expected_groups])
+    # Each step's seeds, spares included, are its own.
+    assert set(step_seeds(config, 1)).isdisjoint(candidates) and len(candidates) == 2 + resample
+
+
 def test_environment_tokens_are_masked_token_by_token(smollm2_tokenizer: object) -> None:
     tokenizer = smollm2_tokenizer
     family = load_families()["precondition_verification"]
@@ -150,12 +200,15 @@ def test_a_tiny_model_learns_a_trivially_learnable_environment_and_the_clip_bind
     assert 0.2 < before < 0.8  # the groups had variance to learn from
     assert after >= before + 0.15, (before, after, [step["mean_reward"] for step in report["steps"]])
     assert [step["step"] for step in report["steps"]] == list(range(1, 9))
-    assert report["rollouts"] == 8 * 16 and report["recipe"] == "grpo" and trained.warm_started is None
+    assert report["recipe"] == "grpo" and trained.warm_started is None
+    # Every step plays its 4 groups, and dynamic sampling's extra groups are counted in its rollouts.
+    assert all(step["groups"] == 4 + step["resampled"] for step in report["steps"])
+    assert report["rollouts"] == 4 * sum(step["groups"] for step in report["steps"]) >= 8 * 16
     # The second pass over each step's rollouts moves the ratio off 1, and the clip binds somewhere;
     # the policy moves away from where GRPO started.
     assert any(step["clip_fraction_max"] > 0 for step in report["steps"] if "clip_fraction_max" in step)
     assert any(abs(step["ratio_mean"] - 1) > 1e-4 for step in report["steps"])
-    assert report["steps"][0]["kl"] == 0 and report["steps"][-1]["kl"] > 0
+    assert report["steps"][0]["kl"] == 0 and any(step["kl"] > 0 for step in report["steps"][1:])
 
 
 def test_guided_rollouts_start_from_the_solution_and_train_its_tokens(tiny_model: Path) -> None:
@@ -181,7 +234,7 @@ RESUMABLE = """
 import sys
 from pathlib import Path
 from daemon.core.settings import TrainingSettings
-from tests.learnable import LetterFamily
+from tests.learnable import LetterFamily, LetterInstance
 from trainer.environment import Environment
 from trainer.recipes import train
 config = TrainingSettings(recipe="grpo", steps=6, group_size=4, groups_per_step=1, max_new_tokens=1, save_steps=1, warm_start_examples=0)
@@ -208,7 +261,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(peaked: Path, tmp_path: P
     assert report["resumed_from"] == reached.name
     done = int(reached.name.split("-")[1])
     assert [step["step"] for step in report["steps"]] == list(range(1, 7))  # the history travels with the checkpoint
-    assert len(report["steps"]) == 6 and report["rollouts"] == 6 * 4
+    assert len(report["steps"]) == 6 and report["rollouts"] == 4 * sum(step["groups"] for step in report["steps"]) >= 6 * 4
     assert done < 6
 
 

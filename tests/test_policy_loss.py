@@ -46,9 +46,12 @@ def _group(lengths: list[int], seed: int = 0) -> tuple[list[int], list[Completio
     return prompt, completions
 
 
-def _plain_loss(model: Any, prompt: list[int], completions: list[Completion], epsilon: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _plain_loss(
+    model: Any, prompt: list[int], completions: list[Completion], epsilon: float, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Every row prompt + completion through the model, right-padded; the same token loss written
-    out directly. Returns (loss, per-token log-probs of the first row)."""
+    out directly, on the distribution sampled at ``temperature``. Returns (loss, per-token
+    log-probs of the first row)."""
     width = PROMPT + max(len(item.ids) for item in completions)
     ids = torch.zeros((len(completions), width), dtype=torch.long)
     attention = torch.zeros_like(ids)
@@ -56,7 +59,7 @@ def _plain_loss(model: Any, prompt: list[int], completions: list[Completion], ep
         ids[row, : PROMPT + len(item.ids)] = torch.tensor(prompt + item.ids)
         attention[row, : PROMPT + len(item.ids)] = 1
     logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
-    logprobs = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    logprobs = torch.log_softmax(logits[:, :-1].float() / temperature, -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     total, tokens = torch.zeros(()), 0
     for row, item in enumerate(completions):
         own = logprobs[row, PROMPT - 1 : PROMPT - 1 + len(item.ids)]
@@ -72,17 +75,17 @@ def _gradients(model: Any) -> dict[str, torch.Tensor]:
     return {name: parameter.grad.clone() for name, parameter in model.named_parameters() if parameter.requires_grad}
 
 
-@pytest.mark.parametrize("micro_batch", [1, 2, 4])
-def test_the_shared_prefix_micro_batched_loss_equals_one_plain_pass(adapted: Any, micro_batch: int) -> None:
+@pytest.mark.parametrize(("micro_batch", "temperature"), [(1, 1.0), (2, 1.0), (4, 1.0), (2, 0.7)])
+def test_the_shared_prefix_micro_batched_loss_equals_one_plain_pass(adapted: Any, micro_batch: int, temperature: float) -> None:
     prompt, completions = _group([9, 23, 14, 17])
     adapted.zero_grad()
-    plain, first_row = _plain_loss(adapted, prompt, completions, 0.2)
+    plain, first_row = _plain_loss(adapted, prompt, completions, 0.2, temperature)
     plain.backward()
     expected = _gradients(adapted)
 
     adapted.zero_grad()
     tokens = sum(sum(item.mask) for item in completions)
-    stats = group_backward(adapted, prompt, completions, tokens, micro_batch=micro_batch)
+    stats = group_backward(adapted, prompt, completions, tokens, micro_batch=micro_batch, temperature=temperature)
     got = _gradients(adapted)
 
     assert stats.tokens == tokens and stats.clipped == 0
@@ -103,6 +106,11 @@ def test_no_grad_logprobs_are_those_the_loss_trains_from(adapted: Any) -> None:
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
     _, first_row = _plain_loss(adapted, prompt, completions, 0.2)
     torch.testing.assert_close(one[0], first_row.detach(), atol=1e-5, rtol=1e-4)
+    # Rollouts sampled at a temperature are scored on the distribution they were sampled from.
+    _, tempered = _plain_loss(adapted, prompt, completions, 0.2, temperature=0.7)
+    cooled = group_logprobs(adapted, prompt, rows, micro_batch=2, temperature=0.7)
+    torch.testing.assert_close(cooled[0], tempered.detach(), atol=1e-5, rtol=1e-4)
+    assert float((cooled[0] - one[0]).abs().max()) > 1e-3
 
 
 def test_a_second_pass_over_the_same_rollouts_moves_the_ratio_and_the_clip_binds(adapted: Any) -> None:

@@ -2,8 +2,9 @@
 
 One step: take ``groups_per_step`` training seeds, play ``group_size`` episodes of each
 (``trainer.rollouts``, in lockstep), normalise each group's rewards into advantages, drop the
-groups whose rewards are all equal (they carry no signal), and make ``num_iterations`` optimisation
-passes over the rest. Each pass adds every group's gradient (``trainer.policy_loss``: the group's
+groups whose rewards are all equal (they carry no signal) and play as many new seeds in their
+place, up to ``resample_groups`` more (dynamic sampling, as in DAPO), and make ``num_iterations``
+optimisation passes over the groups with variance. Each pass adds every group's gradient (``trainer.policy_loss``: the group's
 opening runs once, its rollouts in micro-batches of ``micro_batch``) and takes one AdamW step. The
 first pass's log-probabilities are the old policy's, so from the second pass on the ratio departs
 from 1 and the clipped surrogate binds. Each step's progress record carries the clip fraction, the
@@ -81,27 +82,55 @@ def advantages(rewards: list[float], group_size: int, epsilon: float = 1e-4) -> 
 
 
 def step_seeds(config: TrainingSettings, step: int) -> list[int]:
-    """The training seeds of step ``step`` (0-based): disjoint from every other step's, and from the
+    """The training seeds step ``step`` (0-based) may draw: its ``groups_per_step`` seeds, then
+    ``resample_groups`` more for dynamic sampling. Disjoint from every other step's, and from the
     held-out and validation seeds, which lie below ``train_seed_offset``."""
-    first = config.train_seed_offset + step * config.groups_per_step
-    return list(range(first, first + config.groups_per_step))
+    stride = config.groups_per_step + config.resample_groups
+    first = config.train_seed_offset + step * stride
+    return list(range(first, first + stride))
 
 
-def take_rollouts(model: Any, tokenizer: Any, environment: Environment, config: TrainingSettings, step: int, guided_share: float) -> list[TokenRollout]:
-    """The step's groups, one after the other: per seed, the hinted episodes first, then the
-    guided ones, then the plain ones."""
+def take_rollouts(
+    model: Any, tokenizer: Any, environment: Environment, config: TrainingSettings, step: int, guided_share: float,
+    seeds: list[int] | None = None, draw: int = 0,
+) -> list[TokenRollout]:
+    """The groups of ``seeds`` (default: the step's first ``groups_per_step``), one after the other:
+    per seed, the hinted episodes first, then the guided ones, then the plain ones. ``draw`` counts
+    the step's resampling rounds; each samples with its own seed."""
     hinted_count = round(config.hint_share * config.group_size)
     guided_count = min(round(guided_share * config.group_size), config.group_size - hinted_count)
-    seeds = step_seeds(config, step)
+    seeds = step_seeds(config, step)[: config.groups_per_step] if seeds is None else seeds
     positions = [position for _ in seeds for position in range(config.group_size)]
     return generate_rollouts(
         model, tokenizer,
         [environment.instance(seed) for seed in seeds for _ in range(config.group_size)],
         Sampling(config.new_tokens, config.temperature, max_length=config.max_length),
         hinted=[position < hinted_count for position in positions],
-        seed=config.seed * 100_003 + step,
+        seed=config.seed * 100_003 + step + draw * 1_000_003,
         guided=[hinted_count <= position < hinted_count + guided_count for position in positions],
     )  # fmt: skip
+
+
+def draw_rollouts(
+    model: Any, tokenizer: Any, environment: Environment, config: TrainingSettings, step: int, guided_share: float
+) -> tuple[list[TokenRollout], int]:
+    """The step's rollouts with dynamic sampling (DAPO, arXiv 2503.14476): a group whose rewards all
+    came out equal carries no signal, so as many new seeds are played again, until the step has
+    ``groups_per_step`` groups with variance or its ``resample_groups`` extra seeds are spent.
+    Returns the rollouts of every group drawn and how many groups were drawn beyond the first."""
+    candidates = step_seeds(config, step)
+    taken = config.groups_per_step
+    rollouts = take_rollouts(model, tokenizer, environment, config, step, guided_share, candidates[:taken])
+    draw = 0
+    while taken < len(candidates):
+        stats = group_stats(rollouts, config.group_size)
+        missing = config.groups_per_step - (stats.groups - stats.zero_variance_groups)
+        if missing <= 0:
+            break
+        more = candidates[taken : taken + missing]
+        taken, draw = taken + len(more), draw + 1
+        rollouts += take_rollouts(model, tokenizer, environment, config, step, guided_share, more, draw)
+    return rollouts, taken - config.groups_per_step
 
 
 def lora_state(model: Any) -> dict[str, Any]:
@@ -151,7 +180,7 @@ def optimise(model: Any, optimizer: Any, groups: list[tuple[list[int], list[Comp
         optimizer.zero_grad(set_to_none=True)
         stats = LossStats()
         for prompt, completions in groups:
-            stats.add(group_backward(model, prompt, completions, tokens, config.micro_batch, config.clip_epsilon, config.kl_beta))
+            stats.add(group_backward(model, prompt, completions, tokens, config.micro_batch, config.clip_epsilon, config.kl_beta, config.temperature))
         norm = float(torch.nn.utils.clip_grad_norm_(parameters, config.max_grad_norm))
         optimizer.step()
         passes.append({**stats.summary(), "grad_norm": round(norm, 4)})
@@ -184,7 +213,7 @@ def grpo(
         reference, history, rollouts_taken, start = state["reference"], state["history"], state["rollouts"], state["step"]
     started = time.monotonic()
     for step in range(start, config.steps):
-        rollouts = take_rollouts(model, tokenizer, environment, config, step, guided_share)
+        rollouts, resampled = draw_rollouts(model, tokenizer, environment, config, step, guided_share)
         rollouts_taken += len(rollouts)
         stats = group_stats(rollouts, config.group_size)
         groups = _groups(rollouts, config)
@@ -192,14 +221,14 @@ def grpo(
             with torch.no_grad(), adapter_weights(model, reference):
                 for prompt, completions in groups:
                     rows = [completion.ids for completion in completions]
-                    for completion, logprobs in zip(completions, group_logprobs(model, prompt, rows, config.micro_batch), strict=True):
+                    for completion, logprobs in zip(completions, group_logprobs(model, prompt, rows, config.micro_batch, config.temperature), strict=True):
                         completion.reference = logprobs
         # A step whose every group earned equal rewards teaches nothing: no update, and it says so.
         update = optimise(model, optimizer, groups, config) if groups else dict(NO_UPDATE)
         record = {
             "phase": phase, "step": step + 1, "max_steps": config.steps,
             "mean_reward": round(stats.mean_reward, 4), "success_rate": round(stats.success_rate, 4),
-            "zero_variance_groups": stats.zero_variance_groups, "groups": stats.groups, **update,
+            "zero_variance_groups": stats.zero_variance_groups, "groups": stats.groups, "resampled": resampled, **update,
             "guided": sum(item.forced_tokens > 0 for item in rollouts), "rollouts": rollouts_taken,
             "policy_tokens": stats.policy_tokens, "elapsed_s": round(time.monotonic() - started, 1),
         }  # fmt: skip

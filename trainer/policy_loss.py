@@ -79,10 +79,11 @@ def _prefix(model: Any, prompt: Sequence[int]) -> tuple[list[tuple[torch.Tensor,
 
 
 def _completion_logprobs(
-    model: Any, layers: list[tuple[torch.Tensor, torch.Tensor]], last: torch.Tensor, rows: Sequence[Sequence[int]]
+    model: Any, layers: list[tuple[torch.Tensor, torch.Tensor]], last: torch.Tensor, rows: Sequence[Sequence[int]], temperature: float = 1.0
 ) -> list[torch.Tensor]:
     """log π of every token of each row, the rows continuing the prefix whose cache is ``layers``
-    and whose last logit is ``last``. Rows are right-padded; the padding is masked."""
+    and whose last logit is ``last``; π is the distribution the rollouts were sampled from, the
+    logits divided by ``temperature`` (as TRL's GRPO does). Rows are right-padded; the padding is masked."""
     from transformers import DynamicCache
 
     device = _device(model)
@@ -101,17 +102,19 @@ def _completion_logprobs(
     logits = model(input_ids=ids, attention_mask=mask, cache=cache, position_ids=positions, use_cache=True).logits  # [n, W, V]
     # The prefix's last logit predicts each row's first token; row position j predicts token j + 1.
     logits = torch.cat([last.unsqueeze(1).expand(count, -1, -1), logits[:, :-1]], dim=1)
-    logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)  # [n, W]
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)  # [n, W]
     return [logprobs[index, : len(row)] for index, row in enumerate(rows)]
 
 
-def group_logprobs(model: Any, prompt: Sequence[int], rows: Sequence[Sequence[int]], micro_batch: int) -> list[torch.Tensor]:
+def group_logprobs(
+    model: Any, prompt: Sequence[int], rows: Sequence[Sequence[int]], micro_batch: int, temperature: float = 1.0
+) -> list[torch.Tensor]:
     """log π of every completion token, without gradients (the old or the reference policy)."""
     with torch.no_grad():
         layers, last = _prefix(model, prompt)
         out: list[torch.Tensor] = []
         for start in range(0, len(rows), micro_batch):
-            out.extend(_completion_logprobs(model, layers, last, rows[start : start + micro_batch]))
+            out.extend(_completion_logprobs(model, layers, last, rows[start : start + micro_batch], temperature))
     return out
 
 
@@ -144,9 +147,11 @@ def group_backward(
     micro_batch: int = 2,
     epsilon: float = 0.2,
     beta: float = 0.0,
+    temperature: float = 1.0,
 ) -> LossStats:
     """Add the gradient of the group's loss (summed over its policy tokens, divided by
-    ``normaliser``, the policy tokens of the whole batch) to the model's parameters."""
+    ``normaliser``, the policy tokens of the whole batch) to the model's parameters; π is the
+    sampling distribution at ``temperature``."""
     layers, last = _prefix(model, prompt)  # with gradients: the prefix runs through the LoRA weights too
     cut = [(keys.detach().requires_grad_(), values.detach().requires_grad_()) for keys, values in layers]
     cut_last = last.detach().requires_grad_()
@@ -154,7 +159,7 @@ def group_backward(
     for start in range(0, len(completions), micro_batch):
         chunk = completions[start : start + micro_batch]
         part = LossStats()
-        logprobs = _completion_logprobs(model, cut, cut_last, [completion.ids for completion in chunk])
+        logprobs = _completion_logprobs(model, cut, cut_last, [completion.ids for completion in chunk], temperature)
         loss = torch.stack([_token_loss(row, completion, epsilon, beta, part) for row, completion in zip(logprobs, chunk, strict=True)])
         loss = loss.sum() / max(normaliser, 1)
         if loss.requires_grad:

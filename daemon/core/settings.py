@@ -287,6 +287,12 @@ class TrainingSettings(Section):
     steps: int = Field(30, ge=0, description="GRPO steps of a recipe with GRPO; 0 trains the warm start only.")
     group_size: int = Field(4, ge=2, description="Rollouts per seed (K); advantages are normalised within each group.")
     groups_per_step: int = Field(2, ge=1, description="Seeds (groups) per step.")
+    resample_groups: int = Field(
+        2,
+        ge=0,
+        description="Dynamic sampling (DAPO): up to this many more seeds per step, drawn in place of groups whose"
+        " rewards all came out equal (they carry no signal); 0 = never.",
+    )
     micro_batch: int = Field(
         2, ge=1, description="Rollouts per forward and backward pass of a GRPO update (the group's opening runs once); bounds memory."
     )
@@ -297,7 +303,9 @@ class TrainingSettings(Section):
     clip_epsilon: float = Field(0.2, gt=0, description="Clip range of the surrogate: the ratio is clipped to [1 − ε, 1 + ε].")
     kl_beta: float = Field(0.0, ge=0, description="KL penalty to the adapter GRPO starts from (paper: 0; the KL is reported either way).")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradients are clipped to this global norm before each update.")
-    temperature: float = Field(1.0, gt=0, description="Sampling temperature of training rollouts.")
+    temperature: float = Field(
+        1.0, gt=0, description="Sampling temperature of training rollouts; the loss scores them on the same tempered distribution."
+    )
     max_new_tokens: int = Field(0, ge=0, description="Most tokens of one sampled turn; 0 = [model] max_new_tokens.")
     max_length: int = Field(3072, ge=256, description="An episode whose tokens reach this ends where it is.")
     hint_share: float = Field(
