@@ -1,0 +1,152 @@
+"""GRPO settings compared after one warm start: what each adds, paired, on validation seeds.
+
+One supervised warm start (the demo's: 96 demonstrations × 2 epochs) is trained once on a
+capability's environment over the airline agent's tools and kept on disk. Then each variant
+(`--variant NAME key=value …`, keys of `[training]`) runs GRPO from exactly those weights, and its
+adapter and the warm start are scored greedy on the same validation seeds (`--seeds`, from 2000:
+disjoint from the held-out seeds below `eval_seeds`, the warm start's and the training seeds). The
+table gives each variant's paired difference (Newcombe's interval, McNemar's exact p), the
+won/lost seeds and its GRPO time. Validation seeds, not held-out ones, so that choosing settings here
+does not tune the number the demo reports.
+
+    python bench/grpo_settings.py --variant demo --variant lr1e-3 learning_rate=1e-3 \
+        --variant t0.7 temperature=0.7 --variant 6-steps steps=6 --variant 4-groups groups_per_step=4
+
+The warm start is reused when `--output` already holds it (delete the directory to train it again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from daemon.app.demo import DEMO  # noqa: E402
+from daemon.core.settings import TrainingSettings  # noqa: E402
+from examples.airline.tools import TOOLS as AIRLINE_TOOLS  # noqa: E402
+from trainer import model as models  # noqa: E402
+from trainer.environment import Environment, load_tools  # noqa: E402
+from trainer.evaluation import paired, play  # noqa: E402
+from trainer.families import load_families  # noqa: E402
+from trainer.recipes import train  # noqa: E402
+from trainer.rollouts import Sampling  # noqa: E402
+
+FIRST_SEED = 2000  # validation seeds: above any held-out range, far below the warm start's and training's
+
+
+def settings(overrides: dict[str, Any], max_new_tokens: int) -> TrainingSettings:
+    """The demo's training settings (sft+grpo), with ``overrides``."""
+    return TrainingSettings(**{**DEMO["training"], "max_new_tokens": max_new_tokens, "save_steps": 10_000, **overrides})
+
+
+def parse_variant(words: list[str]) -> tuple[str, dict[str, Any]]:
+    """``NAME key=value …``; values are JSON (numbers, true/false, lists) or plain strings."""
+    name, overrides = words[0], {}
+    for word in words[1:]:
+        key, separator, value = word.partition("=")
+        if not separator:
+            raise SystemExit(f"--variant {name}: {word!r} is not key=value")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    try:  # a wrong key or value stops here, before any training
+        settings(overrides, 96)
+    except ValidationError as error:
+        raise SystemExit(f"--variant {name}: {error}") from None
+    return name, overrides
+
+
+def warm_start(arguments: argparse.Namespace, environment: Environment, model_dir: Path, seeds: range) -> dict[str, Any]:
+    """Train (or load) the warm start and score it on ``seeds``."""
+    output = Path(arguments.output)
+    record = output / "warm.json"
+    if record.exists():
+        return json.loads(record.read_text())
+    started = time.monotonic()
+    config = settings({"recipe": "sft", "steps": 0}, arguments.max_new_tokens)
+    trained = train(environment, model_dir, output / "warm", config)
+    rewards, successes = play(trained.model, trained.tokenizer, environment, seeds, Sampling(config.new_tokens, 0.0, max_length=config.max_length))
+    found = {"rewards": rewards, "success": successes, "warm_start": trained.report["warm_start"], "seconds": round(time.monotonic() - started, 1)}
+    record.write_text(json.dumps(found))
+    return found
+
+
+def variant(arguments: argparse.Namespace, environment: Environment, model_dir: Path, seeds: range, name: str, overrides: dict[str, Any], warm: dict[str, Any]) -> dict[str, Any]:
+    """GRPO from the warm start's weights with ``overrides``; scored on ``seeds`` against it."""
+    output = Path(arguments.output)
+    directory = output / "variants" / name
+    shutil.rmtree(directory, ignore_errors=True)
+    trial = directory / "trials" / "sft+grpo"
+    trial.mkdir(parents=True)
+    for suffix in ("safetensors", "json"):  # sft+grpo resumes from a finished warm start
+        shutil.copy(output / "warm" / "trials" / "sft" / f"warm_start.{suffix}", trial / f"warm_start.{suffix}")
+    config = settings(overrides, arguments.max_new_tokens)
+    started = time.monotonic()
+    trained = train(environment, model_dir, directory, config, progress=lambda record: print(json.dumps(record), file=sys.stderr, flush=True))
+    trained_s = time.monotonic() - started
+    rewards, successes = play(trained.model, trained.tokenizer, environment, seeds, Sampling(config.new_tokens, 0.0, max_length=config.max_length))
+    steps = trained.report["steps"]
+    return {
+        "variant": name, "settings": overrides, "paired": paired(warm["success"], successes),
+        "mean_reward": round(sum(rewards) / len(rewards), 4), "grpo_minutes": round(trained_s / 60, 1),
+        "updates": sum(step["groups"] > step["zero_variance_groups"] for step in steps), "steps": len(steps),
+        "rollouts": trained.report["rollouts"],
+    }  # fmt: skip
+
+
+def table(warm: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    seeds = len(warm["success"])
+    lines = [
+        f"Warm start: {sum(warm['success'])}/{seeds} validation seeds, mean reward {sum(warm['rewards']) / seeds:.2f}.",
+        "",
+        "| variant | settings | GRPO steps (with an update) | rollouts | after GRPO | won / lost | paired difference [95 %] | McNemar p | mean reward | GRPO minutes |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        found = row["paired"]
+        settings_text = ", ".join(f"{key} = {value}" for key, value in row["settings"].items()) or "the demo's"
+        lines.append(
+            f"| {row['variant']} | {settings_text} | {row['steps']} ({row['updates']}) | {row['rollouts']} | {found['after']:.2f} | "
+            f"{found['after_only']} / {found['before_only']} | {found['difference']:+.2f} [{found['interval'][0]:+.2f}, {found['interval'][1]:+.2f}] | "
+            f"{found['mcnemar_p']:.2f} | {row['mean_reward']:.2f} | {row['grpo_minutes']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--capability", default="tool_call_precision")
+    parser.add_argument("--variant", nargs="+", action="append", required=True, metavar="NAME [key=value ...]")
+    parser.add_argument("--seeds", type=int, default=48, help="validation seeds, from 2000")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--model", default=models.EMBEDDED)
+    parser.add_argument("--cache", default=".tracefix/models")
+    parser.add_argument("--output", default=".tracefix/bench-grpo-settings")
+    arguments = parser.parse_args()
+    variants = [parse_variant(words) for words in arguments.variant]
+    families = load_families()
+    if arguments.capability not in families:
+        raise SystemExit(f"--capability {arguments.capability!r}: one of {', '.join(sorted(families))}")
+    environment = Environment(families[arguments.capability], load_tools(AIRLINE_TOOLS))
+    model_dir = models.resolve(arguments.model, Path(arguments.cache))
+    seeds = range(FIRST_SEED, FIRST_SEED + arguments.seeds)
+    Path(arguments.output).mkdir(parents=True, exist_ok=True)
+    warm = warm_start(arguments, environment, model_dir, seeds)
+    rows = []
+    for name, overrides in variants:
+        rows.append(variant(arguments, environment, model_dir, seeds, name, overrides, warm))
+        print(json.dumps(rows[-1]), flush=True)
+    print(table(warm, rows))
+
+
+if __name__ == "__main__":
+    main()
