@@ -38,9 +38,11 @@ DEMO: dict[str, dict[str, Any]] = {
     # The gate runs (and on SmolLM2-135M finds the base too weak for the airline tools, which the
     # warm start remedies); a small one, since its verdict does not change what happens next.
     "validation": {"seeds": 2, "group_size": 4, "hint_shares": [], "timeout_s": 1800},
-    # The warm start teaches what the 135M model lacks; a few GRPO steps follow it, and the run's
-    # report measures what they added on the same held-out seeds. One pass over the demonstrations
-    # with more GRPO steps made a weaker adapter and no gain from GRPO (docs/performance.md, Run 12).
+    # The warm start teaches what the 135M model lacks; a few GRPO steps follow it (with dynamic
+    # sampling, the default), and the run's report measures what they added on the same held-out
+    # seeds. One pass over the demonstrations with more GRPO steps made a weaker adapter and no gain
+    # from GRPO (docs/performance.md, Run 12); more steps or rollouts per step did not add more
+    # either (bench/grpo_settings.py).
     "training": {
         "recipe": "sft+grpo", "steps": 3, "group_size": 4, "groups_per_step": 2, "micro_batch": 2, "num_iterations": 2,
         "learning_rate": 2e-4, "warm_start_examples": 96, "warm_start_epochs": 2, "eval_seeds": 24, "eval_interference": False,
