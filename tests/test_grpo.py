@@ -230,14 +230,16 @@ def test_guided_rollouts_start_from_the_solution_and_train_its_tokens(tiny_model
     assert len(lengths) > 1  # the prefix length is drawn per episode
 
 
-RESUMABLE = """
+STEPS = 20  # a step of this tiny model takes a fraction of a second: enough of them that the kill lands mid-run
+RESUMABLE = f"""
 import sys
 from pathlib import Path
 from daemon.core.settings import TrainingSettings
 from tests.learnable import LetterFamily, LetterInstance
 from trainer.environment import Environment
 from trainer.recipes import train
-config = TrainingSettings(recipe="grpo", steps=6, group_size=4, groups_per_step=1, max_new_tokens=1, save_steps=1, warm_start_examples=0)
+STEPS = {STEPS}
+config = TrainingSettings(recipe="grpo", steps=STEPS, group_size=4, groups_per_step=1, max_new_tokens=1, save_steps=1, warm_start_examples=0)
 train(Environment(LetterFamily(), [], 1), Path(sys.argv[1]), Path(sys.argv[2]), config, progress=lambda r: print(r, flush=True))
 """
 
@@ -250,19 +252,20 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(peaked: Path, tmp_path: P
     )  # fmt: skip
     deadline = time.monotonic() + 120
     checkpoints = run / "checkpoints" / "grpo"
-    while time.monotonic() < deadline and not (checkpoints / "checkpoint-3" / "trainer_state.json").exists():
-        time.sleep(0.2)
+    # Checkpoints older than the last two are deleted: wait for any complete one from step 3 on.
+    while time.monotonic() < deadline and int((latest_checkpoint(checkpoints) or Path("checkpoint-0")).name.split("-")[1]) < 3:
+        time.sleep(0.02)
     os.kill(process.pid, signal.SIGKILL)
     process.wait(timeout=30)
     reached = latest_checkpoint(checkpoints)
     assert reached is not None and int(reached.name.split("-")[1]) >= 3
-    config = _config(steps=6, group_size=4, groups_per_step=1, save_steps=1)
+    config = _config(steps=STEPS, group_size=4, groups_per_step=1, save_steps=1)
     report = train(LETTER, peaked, run, config).report
     assert report["resumed_from"] == reached.name
     done = int(reached.name.split("-")[1])
-    assert [step["step"] for step in report["steps"]] == list(range(1, 7))  # the history travels with the checkpoint
-    assert len(report["steps"]) == 6 and report["rollouts"] == 4 * sum(step["groups"] for step in report["steps"]) >= 6 * 4
-    assert done < 6
+    assert [step["step"] for step in report["steps"]] == list(range(1, STEPS + 1))  # the history travels with the checkpoint
+    assert report["rollouts"] == 4 * sum(step["groups"] for step in report["steps"]) >= STEPS * 4
+    assert done < STEPS
 
 
 def test_auto_tries_each_recipe_and_keeps_the_one_that_validates_best(peaked: Path, tmp_path: Path) -> None:
