@@ -59,6 +59,7 @@ def cell(arguments: argparse.Namespace, model_dir: Path, environment: Environmen
         learning_rate=arguments.learning_rate, warm_start_learning_rate=arguments.warm_start_lr, guided_share=arguments.guided_share,
         num_iterations=arguments.num_iterations, micro_batch=arguments.micro_batch, eval_seeds=arguments.eval_seeds,
         save_steps=10_000, threads=arguments.threads, seed=repeat, **spent,
+        resample_groups=0,  # dynamic sampling would play more rollouts than the budget's
     )  # fmt: skip
     directory = Path(arguments.output) / environment.family.capability / f"{recipe}-{repeat}"
     shutil.rmtree(directory, ignore_errors=True)
