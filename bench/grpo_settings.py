@@ -65,6 +65,11 @@ def parse_variant(words: list[str]) -> tuple[str, dict[str, Any]]:
     return name, overrides
 
 
+def greedy(trained: Any, environment: Environment, seeds: range, config: TrainingSettings) -> tuple[list[float], list[bool]]:
+    """Each seed's reward and success for the trained policy, greedy."""
+    return play(trained.model, trained.tokenizer, environment, seeds, Sampling(config.new_tokens, 0.0, max_length=config.max_length))
+
+
 def warm_start(arguments: argparse.Namespace, environment: Environment, model_dir: Path, seeds: range) -> dict[str, Any]:
     """Train (or load) the warm start and score it on ``seeds``."""
     output = Path(arguments.output)
@@ -74,7 +79,7 @@ def warm_start(arguments: argparse.Namespace, environment: Environment, model_di
     started = time.monotonic()
     config = settings({"recipe": "sft", "steps": 0}, arguments.max_new_tokens)
     trained = train(environment, model_dir, output / "warm", config)
-    rewards, successes = play(trained.model, trained.tokenizer, environment, seeds, Sampling(config.new_tokens, 0.0, max_length=config.max_length))
+    rewards, successes = greedy(trained, environment, seeds, config)
     found = {"rewards": rewards, "success": successes, "warm_start": trained.report["warm_start"], "seconds": round(time.monotonic() - started, 1)}
     record.write_text(json.dumps(found))
     return found
@@ -93,7 +98,7 @@ def variant(arguments: argparse.Namespace, environment: Environment, model_dir: 
     started = time.monotonic()
     trained = train(environment, model_dir, directory, config, progress=lambda record: print(json.dumps(record), file=sys.stderr, flush=True))
     trained_s = time.monotonic() - started
-    rewards, successes = play(trained.model, trained.tokenizer, environment, seeds, Sampling(config.new_tokens, 0.0, max_length=config.max_length))
+    rewards, successes = greedy(trained, environment, seeds, config)
     steps = trained.report["steps"]
     return {
         "variant": name, "settings": overrides, "paired": paired(warm["success"], successes),

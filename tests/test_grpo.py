@@ -235,11 +235,10 @@ RESUMABLE = f"""
 import sys
 from pathlib import Path
 from daemon.core.settings import TrainingSettings
-from tests.learnable import LetterFamily, LetterInstance
+from tests.learnable import LetterFamily
 from trainer.environment import Environment
 from trainer.recipes import train
-STEPS = {STEPS}
-config = TrainingSettings(recipe="grpo", steps=STEPS, group_size=4, groups_per_step=1, max_new_tokens=1, save_steps=1, warm_start_examples=0)
+config = TrainingSettings(recipe="grpo", steps={STEPS}, group_size=4, groups_per_step=1, max_new_tokens=1, save_steps=1, warm_start_examples=0)
 train(Environment(LetterFamily(), [], 1), Path(sys.argv[1]), Path(sys.argv[2]), config, progress=lambda r: print(r, flush=True))
 """
 

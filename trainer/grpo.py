@@ -4,8 +4,9 @@ One step: take ``groups_per_step`` training seeds, play ``group_size`` episodes 
 (``trainer.rollouts``, in lockstep), normalise each group's rewards into advantages, drop the
 groups whose rewards are all equal (they carry no signal) and play as many new seeds in their
 place, up to ``resample_groups`` more (dynamic sampling, as in DAPO), and make ``num_iterations``
-optimisation passes over the groups with variance. Each pass adds every group's gradient (``trainer.policy_loss``: the group's
-opening runs once, its rollouts in micro-batches of ``micro_batch``) and takes one AdamW step. The
+optimisation passes over the groups with variance. Each pass adds every group's gradient
+(``trainer.policy_loss``: the group's opening runs once, its rollouts in micro-batches of
+``micro_batch``) and takes one AdamW step. The
 first pass's log-probabilities are the old policy's, so from the second pass on the ratio departs
 from 1 and the clipped surrogate binds. Each step's progress record carries the clip fraction, the
 mean ratio and the KL to the adapter GRPO started from.
