@@ -115,6 +115,12 @@ def _rollbacks(daemon: RunningDaemon, stage: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+def _swaps(router: RouterProcess, outcome: str) -> float:
+    text = httpx.get(f"{router.url}/metrics", timeout=10).text
+    found = re.search(rf'tracefix_router_swaps_total{{outcome="{outcome}"}} (\S+)', text)
+    return float(found.group(1)) if found else 0.0
+
+
 def test_a_canary_is_promoted_a_worse_one_is_rolled_back_and_the_live_watch_rolls_back_a_regression(
     stack: tuple[RunningDaemon, RouterProcess],
 ) -> None:
@@ -182,9 +188,12 @@ def test_a_canary_rolled_back_by_hand_leaves_the_previous_state_serving(stack: t
 
     # A version the registry took out of service that the router serves anyway (a load that raced
     # the rollback, an operator's hand) is unloaded by the next promote pass.
+    # The promote pass runs every 0.3 s and may unload it before the test could list it, so that it
+    # was loaded is read from the router's swap counter, which only grows.
     adapter = daemon.get("/api/adapters/1")
+    loaded_before = _swaps(router, "loaded")
     RouterAdmin(load_settings(daemon.config_path)).load(V1, CAPABILITY, 1, adapter["path"], CAPABILITY, 0.5)
-    assert V1 in router.models()
+    assert _swaps(router, "loaded") == loaded_before + 1
     wait_for(lambda: router.models() == {"base"}, timeout_s=30)
     assert _state(daemon, 1) == "rolled_back"
 
