@@ -12,6 +12,11 @@ does not tune the number the demo reports.
     python bench/grpo_settings.py --variant demo --variant lr1e-3 learning_rate=1e-3 \
         --variant t0.7 temperature=0.7 --variant 6-steps steps=6 --variant 4-groups groups_per_step=4
 
+`--repeats N` runs each variant N times with `[training] seed` 0 … N−1 (its rollouts drawn anew, the
+training seeds the same) and adds a summary per variant: the median paired difference, the runs
+whose interval lies above zero and the seeds won and lost over all runs. One run's difference is
+within noise of another's at this scale; the summary is what to compare.
+
 The warm start is reused when `--output` already holds it (delete the directory to train it again).
 """
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -127,17 +133,42 @@ def table(warm: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def summary(rows: list[dict[str, Any]]) -> str:
+    """Per variant over its repeats: the median paired difference, the runs whose interval lies
+    above zero, and the seeds won and lost in all of them."""
+    lines = ["| variant | runs | median paired difference | runs above zero | won / lost over all runs |", "|---|---|---|---|---|"]
+    for name in dict.fromkeys(row["base"] for row in rows):
+        found = [row["paired"] for row in rows if row["base"] == name]
+        median = statistics.median(item["difference"] for item in found)
+        above = sum(item["interval"][0] > 0 for item in found)
+        won, lost = sum(item["after_only"] for item in found), sum(item["before_only"] for item in found)
+        lines.append(f"| {name} | {len(found)} | {median:+.2f} | {above} / {len(found)} | {won} / {lost} |")
+    return "\n".join(lines)
+
+
+def repeated(variants: list[tuple[str, dict[str, Any]]], repeats: int) -> list[tuple[str, str, dict[str, Any]]]:
+    """(run name, variant name, settings) for each variant's ``repeats`` runs, ``seed`` 0 … N−1."""
+    if repeats == 1:
+        return [(name, name, overrides) for name, overrides in variants]
+    return [(f"{name}-s{seed}", name, {**overrides, "seed": seed}) for name, overrides in variants for seed in range(repeats)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--capability", default="tool_call_precision")
     parser.add_argument("--variant", nargs="+", action="append", required=True, metavar="NAME [key=value ...]")
     parser.add_argument("--seeds", type=int, default=48, help="validation seeds, from 2000")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each variant, [training] seed 0 … N−1")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--model", default=models.EMBEDDED)
     parser.add_argument("--cache", default=".tracefix/models")
     parser.add_argument("--output", default=".tracefix/bench-grpo-settings")
     arguments = parser.parse_args()
     variants = [parse_variant(words) for words in arguments.variant]
+    if arguments.repeats < 1:
+        raise SystemExit(f"--repeats {arguments.repeats}: at least 1")
+    if arguments.repeats > 1 and (named := [name for name, overrides in variants if "seed" in overrides]):
+        raise SystemExit(f"--variant {named[0]}: sets seed, which --repeats chooses")
     families = load_families()
     if arguments.capability not in families:
         raise SystemExit(f"--capability {arguments.capability!r}: one of {', '.join(sorted(families))}")
@@ -147,10 +178,13 @@ def main() -> None:
     Path(arguments.output).mkdir(parents=True, exist_ok=True)
     warm = warm_start(arguments, environment, model_dir, seeds)
     rows = []
-    for name, overrides in variants:
-        rows.append(variant(arguments, environment, model_dir, seeds, name, overrides, warm))
+    for name, base, overrides in repeated(variants, arguments.repeats):
+        rows.append({**variant(arguments, environment, model_dir, seeds, name, overrides, warm), "base": base})
         print(json.dumps(rows[-1]), flush=True)
     print(table(warm, rows))
+    if arguments.repeats > 1:
+        print()
+        print(summary(rows))
 
 
 if __name__ == "__main__":
