@@ -137,8 +137,8 @@ def summary(rows: list[dict[str, Any]]) -> str:
     """Per variant over its repeats: the median paired difference, the runs whose interval lies
     above zero, and the seeds won and lost in all of them."""
     lines = ["| variant | runs | median paired difference | runs above zero | won / lost over all runs |", "|---|---|---|---|---|"]
-    for name in dict.fromkeys(row["base"] for row in rows):
-        found = [row["paired"] for row in rows if row["base"] == name]
+    for name in dict.fromkeys(row["repeat_of"] for row in rows):
+        found = [row["paired"] for row in rows if row["repeat_of"] == name]
         median = statistics.median(item["difference"] for item in found)
         above = sum(item["interval"][0] > 0 for item in found)
         won, lost = sum(item["after_only"] for item in found), sum(item["before_only"] for item in found)
@@ -178,8 +178,8 @@ def main() -> None:
     Path(arguments.output).mkdir(parents=True, exist_ok=True)
     warm = warm_start(arguments, environment, model_dir, seeds)
     rows = []
-    for name, base, overrides in repeated(variants, arguments.repeats):
-        rows.append({**variant(arguments, environment, model_dir, seeds, name, overrides, warm), "base": base})
+    for name, repeat_of, overrides in repeated(variants, arguments.repeats):
+        rows.append({**variant(arguments, environment, model_dir, seeds, name, overrides, warm), "repeat_of": repeat_of})
         print(json.dumps(rows[-1]), flush=True)
     print(table(warm, rows))
     if arguments.repeats > 1:
