@@ -549,10 +549,16 @@ def log_count(daemon: Any) -> int:
 
 
 def metric(daemon: Any, name: str, **labels: str) -> float:
-    """The sum of the samples of `name` in /metrics whose labels include `labels`."""
+    """The sum of the samples of `name` in the daemon's /metrics whose labels include `labels`."""
+    return metric_at(daemon.api_url, name, **labels)
+
+
+def metric_at(url: str, name: str, **labels: str) -> float:
+    """The sum of the samples of `name` in `url`/metrics (the daemon's or the router's) whose labels
+    include `labels`."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(f"{daemon.api_url}/metrics", timeout=10).text
+    text = httpx.get(f"{url}/metrics", timeout=10).text
     total = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

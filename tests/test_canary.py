@@ -11,12 +11,10 @@ the audit log with its numbers, and counted in `tracefix_adapter_rollbacks_total
 from __future__ import annotations
 
 import itertools
-import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -33,6 +31,7 @@ from daemon.core.settings import StoreSettings, load_settings  # noqa: E402
 from daemon.store.store import Store  # noqa: E402
 from tests.conftest import RunningDaemon, free_port, make_daemon, wait_for  # noqa: E402
 from tests.lora_support import make_adapter, register_candidate  # noqa: E402
+from tests.otlp_builders import metric, metric_at  # noqa: E402
 from tests.test_going_live import RouterProcess, _post, _state  # noqa: E402
 
 CAPABILITY = "error_recovery"
@@ -110,15 +109,7 @@ def stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, Rou
 
 
 def _rollbacks(daemon: RunningDaemon, stage: str) -> float:
-    text = httpx.get(f"{daemon.api_url}/metrics", timeout=10).text
-    found = re.search(rf'tracefix_adapter_rollbacks_total{{capability="{CAPABILITY}",stage="{stage}"}} (\S+)', text)
-    return float(found.group(1)) if found else 0.0
-
-
-def _swaps(router: RouterProcess, outcome: str) -> float:
-    text = httpx.get(f"{router.url}/metrics", timeout=10).text
-    found = re.search(rf'tracefix_router_swaps_total{{outcome="{outcome}"}} (\S+)', text)
-    return float(found.group(1)) if found else 0.0
+    return metric(daemon, "tracefix_adapter_rollbacks_total", capability=CAPABILITY, stage=stage)
 
 
 def test_a_canary_is_promoted_a_worse_one_is_rolled_back_and_the_live_watch_rolls_back_a_regression(
@@ -191,9 +182,9 @@ def test_a_canary_rolled_back_by_hand_leaves_the_previous_state_serving(stack: t
     # The promote pass runs every 0.3 s and may unload it before the test could list it, so that it
     # was loaded is read from the router's swap counter, which only grows.
     adapter = daemon.get("/api/adapters/1")
-    loaded_before = _swaps(router, "loaded")
+    loaded_before = metric_at(router.url, "tracefix_router_swaps_total", outcome="loaded")
     RouterAdmin(load_settings(daemon.config_path)).load(V1, CAPABILITY, 1, adapter["path"], CAPABILITY, 0.5)
-    assert _swaps(router, "loaded") == loaded_before + 1
+    assert metric_at(router.url, "tracefix_router_swaps_total", outcome="loaded") == loaded_before + 1
     wait_for(lambda: router.models() == {"base"}, timeout_s=30)
     assert _state(daemon, 1) == "rolled_back"
 
