@@ -24,7 +24,7 @@ from tests.learnable import LetterFamily, LetterInstance
 from trainer import model as models
 from trainer.environment import Environment, load_tools
 from trainer.families import load_families
-from trainer.grpo import _groups, advantages, draw_rollouts, group_stats, latest_checkpoint, optimise, step_seeds, take_rollouts
+from trainer.grpo import _groups, advantages, draw_rollouts, grpo, group_stats, hardest_first, latest_checkpoint, optimise, step_seeds, take_rollouts
 from trainer.recipes import load_policy, lora_state, train
 from trainer.rollouts import ChatTokens, Sampling, demonstration, generate_rollouts
 
@@ -155,6 +155,44 @@ def test_dynamic_sampling_replaces_groups_without_variance(
     assert len(_groups(rollouts, config)) == stats.groups - stats.zero_variance_groups == sum(c not in _FlatOrSplit.FLAT for c in candidates[:expected_groups])
     # Each step's seeds, spares included, are its own.
     assert set(step_seeds(config, 1)).isdisjoint(candidates) and len(candidates) == 2 + resample
+
+
+class _Graded(LetterInstance):
+    """Each seed earns its own reward in ``REWARDS`` (1 when absent), whatever the reply."""
+
+    REWARDS: dict[int, float] = {}
+
+    def reward(self) -> float:
+        return self.REWARDS.get(self.seed, 1.0)
+
+
+class _GradedFamily(LetterFamily):
+    def build(self, tools: object, seed: int, difficulty: int) -> LetterInstance:
+        return _Graded([], seed, difficulty)
+
+
+def test_screening_draws_the_groups_from_the_seeds_greedy_decoding_fails(peaked: Path, tmp_path: Path) -> None:
+    config = _config(group_size=2, groups_per_step=2, resample_groups=1, screen_seeds=6, steps=1, save_steps=100)
+    model, tokenizer = load_policy(peaked, config)
+    environment = Environment(_GradedFamily(), [], 1)
+    seeds = step_seeds(config, 0)
+    # A step's seeds stretch to the screened ones, and stay its own.
+    assert len(seeds) == 6 and set(step_seeds(config, 1)).isdisjoint(seeds)
+    _Graded.REWARDS = {seeds[4]: 0.0, seeds[2]: 0.5}
+    order, failed = hardest_first(model, tokenizer, environment, config, seeds)
+    # Lowest greedy reward first, ties in seed order; a partial reward is a failure too.
+    assert order == [seeds[4], seeds[2], seeds[0], seeds[1], seeds[3], seeds[5]] and failed == 2
+    rollouts, resampled = draw_rollouts(model, tokenizer, environment, config, 0, 0.0, order)
+    # The two failed seeds are drawn first; both groups are flat here, so dynamic sampling adds the
+    # next in that order, and no further (resample_groups = 1).
+    assert _seeds_played(rollouts, 2, tokenizer) == [str(seed % 7) for seed in order[:3]] and resampled == 1
+    # A whole step says what screening found.
+    step = grpo(model, tokenizer, environment, config, tmp_path / "run")["steps"][0]
+    assert (step["screened"], step["screen_failed"]) == (6, 2)
+    # Off, the step's seeds keep their order and none is played greedy.
+    off = config.model_copy(update={"screen_seeds": 0})
+    assert hardest_first(model, tokenizer, environment, off, step_seeds(off, 0)) == (step_seeds(off, 0), 0)
+    assert len(step_seeds(off, 0)) == 3
 
 
 def test_environment_tokens_are_masked_token_by_token(smollm2_tokenizer: object) -> None:

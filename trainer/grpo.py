@@ -3,7 +3,8 @@
 One step: take ``groups_per_step`` training seeds, play ``group_size`` episodes of each
 (``trainer.rollouts``, in lockstep), normalise each group's rewards into advantages, drop the
 groups whose rewards are all equal (they carry no signal) and play as many new seeds in their
-place, up to ``resample_groups`` more (dynamic sampling, as in DAPO), and make ``num_iterations``
+place, up to ``resample_groups`` more (dynamic sampling, as in DAPO; with ``screen_seeds`` the seeds
+are drawn hardest first for the current greedy policy), and make ``num_iterations``
 optimisation passes over the groups with variance. Each pass adds every group's gradient
 (``trainer.policy_loss``: the group's opening runs once, its rollouts in micro-batches of
 ``micro_batch``) and takes one AdamW step. The
@@ -86,7 +87,7 @@ def step_seeds(config: TrainingSettings, step: int) -> list[int]:
     """The training seeds step ``step`` (0-based) may draw: its ``groups_per_step`` seeds, then
     ``resample_groups`` more for dynamic sampling. Disjoint from every other step's, and from the
     held-out and validation seeds, which lie below ``train_seed_offset``."""
-    stride = config.groups_per_step + config.resample_groups
+    stride = max(config.groups_per_step + config.resample_groups, config.screen_seeds)
     first = config.train_seed_offset + step * stride
     return list(range(first, first + stride))
 
@@ -112,14 +113,33 @@ def take_rollouts(
     )  # fmt: skip
 
 
+def hardest_first(model: Any, tokenizer: Any, environment: Environment, config: TrainingSettings, seeds: list[int]) -> tuple[list[int], int]:
+    """``seeds`` in the order a step draws its groups: the first ``screen_seeds`` played once each,
+    greedy, by the current policy and put lowest reward first (ties in seed order), then the rest.
+    Greedy decoding is what the held-out evaluation scores, so the groups land on the decisions it
+    still gets wrong rather than on ones it already makes (online difficulty filtering, arXiv
+    2504.03380, with the greedy episode as the difficulty estimate). Returns the order and how many
+    screened seeds greedy decoding failed."""
+    screened, rest = seeds[: config.screen_seeds], seeds[config.screen_seeds :]
+    if not screened:
+        return seeds, 0
+    instances = [environment.instance(seed) for seed in screened]
+    played = generate_rollouts(model, tokenizer, instances, Sampling(config.new_tokens, 0.0, max_length=config.max_length))
+    order = sorted(range(len(screened)), key=lambda index: played[index].rollout.reward)
+    return [screened[index] for index in order] + rest, sum(not item.rollout.success for item in played)
+
+
 def draw_rollouts(
-    model: Any, tokenizer: Any, environment: Environment, config: TrainingSettings, step: int, guided_share: float
+    model: Any, tokenizer: Any, environment: Environment, config: TrainingSettings, step: int, guided_share: float,
+    candidates: list[int] | None = None,
 ) -> tuple[list[TokenRollout], int]:
     """The step's rollouts with dynamic sampling (DAPO, arXiv 2503.14476): a group whose rewards all
     came out equal carries no signal, so as many new seeds are played again, until the step has
     ``groups_per_step`` groups with variance or its ``resample_groups`` extra seeds are spent.
+    ``candidates`` (default: the step's seeds in order) is the order seeds are drawn in.
     Returns the rollouts of every group drawn and how many groups were drawn beyond the first."""
-    candidates = step_seeds(config, step)
+    candidates = step_seeds(config, step) if candidates is None else candidates
+    candidates = candidates[: config.groups_per_step + config.resample_groups]
     taken = config.groups_per_step
     rollouts = take_rollouts(model, tokenizer, environment, config, step, guided_share, candidates[:taken])
     draw = 0
@@ -214,7 +234,8 @@ def grpo(
         reference, history, rollouts_taken, start = state["reference"], state["history"], state["rollouts"], state["step"]
     started = time.monotonic()
     for step in range(start, config.steps):
-        rollouts, resampled = draw_rollouts(model, tokenizer, environment, config, step, guided_share)
+        candidates, screen_failed = hardest_first(model, tokenizer, environment, config, step_seeds(config, step))
+        rollouts, resampled = draw_rollouts(model, tokenizer, environment, config, step, guided_share, candidates)
         rollouts_taken += len(rollouts)
         stats = group_stats(rollouts, config.group_size)
         groups = _groups(rollouts, config)
@@ -229,7 +250,8 @@ def grpo(
         record = {
             "phase": phase, "step": step + 1, "max_steps": config.steps,
             "mean_reward": round(stats.mean_reward, 4), "success_rate": round(stats.success_rate, 4),
-            "zero_variance_groups": stats.zero_variance_groups, "groups": stats.groups, "resampled": resampled, **update,
+            "zero_variance_groups": stats.zero_variance_groups, "groups": stats.groups, "resampled": resampled,
+            "screened": config.screen_seeds, "screen_failed": screen_failed, **update,
             "guided": sum(item.forced_tokens > 0 for item in rollouts), "rollouts": rollouts_taken,
             "policy_tokens": stats.policy_tokens, "elapsed_s": round(time.monotonic() - started, 1),
         }  # fmt: skip

@@ -293,6 +293,12 @@ class TrainingSettings(Section):
         description="Dynamic sampling (DAPO): up to this many more seeds per step, drawn in place of groups whose"
         " rewards all came out equal (they carry no signal); 0 = never.",
     )
+    screen_seeds: int = Field(
+        0,
+        ge=0,
+        description="Seeds each GRPO step first plays once, greedy, with the current policy; its groups are drawn from"
+        " them lowest reward first (the decisions greedy decoding still gets wrong), then the step's other seeds; 0 = in order.",
+    )
     micro_batch: int = Field(
         2, ge=1, description="Rollouts per forward and backward pass of a GRPO update (the group's opening runs once); bounds memory."
     )
