@@ -110,7 +110,8 @@ def variant(arguments: argparse.Namespace, environment: Environment, model_dir: 
         "variant": name, "settings": overrides, "paired": paired(warm["success"], successes),
         "mean_reward": round(sum(rewards) / len(rewards), 4), "grpo_minutes": round(trained_s / 60, 1),
         "updates": sum(step["groups"] > step["zero_variance_groups"] for step in steps), "steps": len(steps),
-        "rollouts": trained.report["rollouts"],
+        "rollouts": trained.report["rollouts"], "screen_failed": [step["screen_failed"] for step in steps],
+        "step_success": [step["success_rate"] for step in steps],
     }  # fmt: skip
 
 
