@@ -26,7 +26,8 @@ demo: $(STAMP)
 
 # The suite runs in TEST_WORKERS processes, a test file per worker at a time (its module fixtures,
 # daemons and routers, start once): most tests wait on servers and subprocesses, so two workers on
-# two cores take the suite from over 19 to 11–15.5 minutes (docs/performance.md). TEST_WORKERS=0 runs it in one.
+# two cores take the suite from over 19 to 11–15.5 minutes (docs/performance.md).
+# TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
