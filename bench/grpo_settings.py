@@ -28,6 +28,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,20 @@ def variant(arguments: argparse.Namespace, environment: Environment, model_dir: 
     }  # fmt: skip
 
 
+def failures(warm: dict[str, Any], environment: Environment, seeds: range) -> str:
+    """The warm start's failed seeds by reward (the family's reward table names each value) and,
+    where the family's instances have kinds (``stated``/``lookup``), by kind."""
+    found: dict[float, Counter[str]] = {}
+    for seed, reward, success in zip(seeds, warm["rewards"], warm["success"], strict=True):
+        if not success:
+            found.setdefault(reward, Counter())[str(getattr(environment.instance(seed), "kind", "-"))] += 1
+    parts = [
+        f"{reward:.1f} × {sum(kinds.values())} ({', '.join(f'{kind} {count}' for kind, count in kinds.most_common())})"
+        for reward, kinds in sorted(found.items())
+    ]
+    return "Warm start's failed seeds by reward: " + ("; ".join(parts) or "none") + "."
+
+
 def table(warm: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     seeds = len(warm["success"])
     lines = [
@@ -183,6 +198,8 @@ def main() -> None:
         rows.append({**variant(arguments, environment, model_dir, seeds, name, overrides, warm), "repeat_of": repeat_of})
         print(json.dumps(rows[-1]), flush=True)
     print(table(warm, rows))
+    print()
+    print(failures(warm, environment, seeds))
     if arguments.repeats > 1:
         print()
         print(summary(rows))

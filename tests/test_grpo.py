@@ -268,6 +268,20 @@ def test_guided_rollouts_start_from_the_solution_and_train_its_tokens(tiny_model
     assert len(lengths) > 1  # the prefix length is drawn per episode
 
 
+def test_sft_grpo_mixes_guided_rollouts_into_its_groups_when_asked(peaked: Path, tmp_path: Path) -> None:
+    # warm_guided_share is sft+grpo's own share; guided_grpo keeps guided_share, plain grpo none.
+    common = {"steps": 1, "group_size": 4, "groups_per_step": 2, "resample_groups": 0, "save_steps": 100}
+    common |= {"warm_start_examples": 2, "warm_start_epochs": 1}
+    guided = {}
+    for recipe, share in (("sft+grpo", 0.5), ("sft+grpo", 0.0), ("guided_grpo", 0.5), ("grpo", 0.5)):
+        config = _config(recipe=recipe, warm_guided_share=share, guided_share=0.25, **common)
+        report = train(LETTER, peaked, tmp_path / f"{recipe}-{share}", config).report
+        guided[(recipe, share)] = report["steps"][0]["guided"]
+    assert guided == {("sft+grpo", 0.5): 4, ("sft+grpo", 0.0): 0, ("guided_grpo", 0.5): 2, ("grpo", 0.5): 0}
+    with pytest.raises(ValidationError):
+        TrainingSettings(warm_guided_share=1.5)
+
+
 STEPS = 20  # a step of this tiny model takes a fraction of a second: enough of them that the kill lands mid-run
 RESUMABLE = f"""
 import sys

@@ -2,7 +2,8 @@
 
 - ``sft``: a supervised warm start on the environment's verified solutions (TRL's ``SFTTrainer``,
   policy tokens only, each batch's common opening run once: ``trainer.shared_prefix``);
-- ``sft+grpo``: that warm start, then GRPO from it (``trainer.grpo``);
+- ``sft+grpo``: that warm start, then GRPO from it (``trainer.grpo``), ``warm_guided_share`` of each
+  group started from a forced prefix of the solution (0 by default: every rollout the policy's own);
 - ``guided_grpo``: GRPO from the base in which ``guided_share`` of each group starts from a forced
   prefix of the solution (a weak base earns reward this way where plain GRPO earns none);
 - ``grpo``: plain GRPO from the base, the paper's "GRPO on target" baseline.
@@ -196,7 +197,7 @@ def train(environment: Environment, model_dir: Path, directory: Path, config: Tr
             if recipe == "sft+grpo":
                 kept["sft"] = lora_state(model)
         if "grpo" in recipe:
-            guided = config.guided_share if recipe == "guided_grpo" else 0.0
+            guided = config.guided_share if recipe == "guided_grpo" else config.warm_guided_share if recipe == "sft+grpo" else 0.0
             checkpoints = directory / "checkpoints" / recipe
             grpo_report = grpo(model, tokenizer, environment, config, checkpoints, progress, guided)
             last = latest_checkpoint(checkpoints)

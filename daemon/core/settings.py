@@ -320,6 +320,11 @@ class TrainingSettings(Section):
     guided_share: float = Field(
         0.5, ge=0, le=1, description="guided_grpo: share of each group that starts from a forced prefix of the environment's solution."
     )
+    warm_guided_share: float = Field(
+        0.0, ge=0, le=1,
+        description="sft+grpo: share of each group that starts from a forced prefix of the solution (mixed-policy GRPO,"
+        " as in LUFFY); 0 = every rollout the policy's own.",
+    )
     lora_r: int = Field(16, ge=1, description="LoRA rank.")
     lora_alpha: int = Field(16, ge=1, description="LoRA alpha.")
     lora_targets: list[str] = Field(
