@@ -86,6 +86,19 @@ def test_a_step_trains_on_our_rewards_masks_and_plain_prompts(peaked: Path) -> N
         assert [item.mask for item in completions] == [item.env_mask for item in rollouts[start : start + 4]]
 
 
+def test_negative_advantages_are_weighted_and_positive_ones_kept(peaked: Path) -> None:
+    config = _config(group_size=4, groups_per_step=2)
+    model, tokenizer = load_policy(peaked, config)
+    rollouts = take_rollouts(model, tokenizer, LETTER, config, step=0, guided_share=0.0)
+    plain = [item.advantage for _, completions in _groups(rollouts, config) for item in completions]
+    quarter = config.model_copy(update={"negative_weight": 0.25})
+    weighted = [item.advantage for _, completions in _groups(rollouts, quarter) for item in completions]
+    assert any(value < 0 for value in plain) and any(value > 0 for value in plain), plain
+    assert weighted == pytest.approx([value * 0.25 if value < 0 else value for value in plain])
+    with pytest.raises(ValidationError):
+        TrainingSettings(negative_weight=-0.1)
+
+
 def test_a_micro_batched_update_is_the_update_of_one_batch(peaked: Path) -> None:
     results = []
     for micro_batch in (1, 4):

@@ -175,8 +175,10 @@ def adapter_weights(model: Any, state: dict[str, Any]) -> Iterator[None]:
 
 
 def _groups(rollouts: list[TokenRollout], config: TrainingSettings) -> list[tuple[list[int], list[Completion]]]:
-    """(prompt, completions with advantages) of each group whose rewards differ."""
+    """(prompt, completions with advantages) of each group whose rewards differ; negative advantages
+    weighted by ``negative_weight``."""
     values = advantages([item.rollout.reward for item in rollouts], config.group_size)
+    values = [value * config.negative_weight if value < 0 else value for value in values]
     groups = []
     for start in range(0, len(rollouts), config.group_size):
         members = rollouts[start : start + config.group_size]

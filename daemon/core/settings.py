@@ -320,6 +320,11 @@ class TrainingSettings(Section):
     guided_share: float = Field(
         0.5, ge=0, le=1, description="guided_grpo: share of each group that starts from a forced prefix of the environment's solution."
     )
+    negative_weight: float = Field(
+        1.0, ge=0, le=1,
+        description="Weight of negative advantages in the loss (arXiv 2506.01347: positive samples sharpen the greedy answer,"
+        " negative ones keep diversity); 1 = GRPO as published, 0 = positive samples only.",
+    )
     warm_guided_share: float = Field(
         0.0, ge=0, le=1,
         description="sft+grpo: share of each group that starts from a forced prefix of the solution (mixed-policy GRPO,"
