@@ -17,6 +17,9 @@ training seeds the same) and adds a summary per variant: the median paired diffe
 whose interval lies above zero and the seeds won and lost over all runs. One run's difference is
 within noise of another's at this scale; the summary is what to compare.
 
+After the tables it prints the warm start's failed seeds by reward and instance kind: what the
+variants have to fix.
+
 The warm start is reused when `--output` already holds it (delete the directory to train it again).
 """
 
@@ -117,8 +120,8 @@ def variant(arguments: argparse.Namespace, environment: Environment, model_dir: 
 
 
 def failures(warm: dict[str, Any], environment: Environment, seeds: range) -> str:
-    """The warm start's failed seeds by reward (the family's reward table names each value) and,
-    where the family's instances have kinds (``stated``/``lookup``), by kind."""
+    """The warm start's failed seeds by reward (the family's reward table says what each value stands
+    for) and, where the family's instances have kinds (``stated``/``lookup``), by kind."""
     found: dict[float, Counter[str]] = {}
     for seed, reward, success in zip(seeds, warm["rewards"], warm["success"], strict=True):
         if not success:

@@ -197,7 +197,7 @@ def train(environment: Environment, model_dir: Path, directory: Path, config: Tr
             if recipe == "sft+grpo":
                 kept["sft"] = lora_state(model)
         if "grpo" in recipe:
-            guided = config.guided_share if recipe == "guided_grpo" else config.warm_guided_share if recipe == "sft+grpo" else 0.0
+            guided = {"guided_grpo": config.guided_share, "sft+grpo": config.warm_guided_share}.get(recipe, 0.0)
             checkpoints = directory / "checkpoints" / recipe
             grpo_report = grpo(model, tokenizer, environment, config, checkpoints, progress, guided)
             last = latest_checkpoint(checkpoints)
