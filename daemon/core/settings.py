@@ -308,6 +308,11 @@ class TrainingSettings(Section):
     learning_rate: float = Field(1e-4, gt=0, description="LoRA learning rate for GRPO.")
     clip_epsilon: float = Field(0.2, gt=0, description="Clip range of the surrogate: the ratio is clipped to [1 − ε, 1 + ε].")
     kl_beta: float = Field(0.0, ge=0, description="KL penalty to the adapter GRPO starts from (paper: 0; the KL is reported either way).")
+    negative_weight: float = Field(
+        1.0, ge=0, le=1,
+        description="Weight of negative advantages in the loss (arXiv 2506.01347: positive samples sharpen the greedy answer,"
+        " negative ones keep diversity); 1 = GRPO as published, 0 = positive samples only.",
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradients are clipped to this global norm before each update.")
     temperature: float = Field(
         1.0, gt=0, description="Sampling temperature of training rollouts; the loss scores them on the same tempered distribution."
@@ -319,11 +324,6 @@ class TrainingSettings(Section):
     )
     guided_share: float = Field(
         0.5, ge=0, le=1, description="guided_grpo: share of each group that starts from a forced prefix of the environment's solution."
-    )
-    negative_weight: float = Field(
-        1.0, ge=0, le=1,
-        description="Weight of negative advantages in the loss (arXiv 2506.01347: positive samples sharpen the greedy answer,"
-        " negative ones keep diversity); 1 = GRPO as published, 0 = positive samples only.",
     )
     warm_guided_share: float = Field(
         0.0, ge=0, le=1,
