@@ -24,7 +24,7 @@ from tests.learnable import LetterFamily, LetterInstance
 from trainer import model as models
 from trainer.environment import Environment, load_tools
 from trainer.families import load_families
-from trainer.grpo import _groups, advantages, draw_rollouts, grpo, group_stats, hardest_first, latest_checkpoint, optimise, step_seeds, take_rollouts
+from trainer.grpo import _groups, advantages, group_advantages, draw_rollouts, grpo, group_stats, hardest_first, latest_checkpoint, optimise, step_seeds, take_rollouts
 from trainer.recipes import load_policy, lora_state, train
 from trainer.rollouts import ChatTokens, Sampling, demonstration, generate_rollouts
 
@@ -97,6 +97,28 @@ def test_negative_advantages_are_weighted_and_positive_ones_kept(peaked: Path) -
     assert weighted == pytest.approx([value * 0.25 if value < 0 else value for value in plain])
     with pytest.raises(ValidationError):
         TrainingSettings(negative_weight=-0.1)
+
+
+def test_a_greedy_baseline_is_decoded_greedily_in_the_group_and_not_trained(peaked: Path) -> None:
+    config = _config(group_size=4, groups_per_step=3, greedy_baseline=True)
+    model, tokenizer = load_policy(peaked, config)
+    rollouts = take_rollouts(model, tokenizer, LETTER, config, step=0, guided_share=0.25)
+    # Per group: one guided episode, two sampled ones, then the greedy one.
+    assert [item.greedy for item in rollouts] == [False, False, False, True] * 3
+    assert [item.forced_tokens > 0 for item in rollouts] == [True, False, False, False] * 3
+    seeds = step_seeds(config, 0)[:3]
+    alone = generate_rollouts(model, tokenizer, [LETTER.instance(seed) for seed in seeds], Sampling(1, 0.0))
+    assert [item.completion_ids for item in rollouts[3::4]] == [item.completion_ids for item in alone]
+    rewards = [item.rollout.reward for item in rollouts]
+    groups = _groups(rollouts, config)
+    kept = [start for start in range(0, 12, 4) if len(set(rewards[start : start + 4])) > 1]
+    assert kept, f"no group with variance: {rewards}"
+    assert len(groups) == len(kept)
+    for (_, completions), start in zip(groups, kept, strict=True):
+        group = rewards[start : start + 4]
+        std = torch.tensor(group).std().item()
+        assert [item.advantage for item in completions] == pytest.approx([(reward - group[3]) / (std + 1e-4) for reward in group[:3]], abs=1e-4)
+    assert group_advantages([1.0, 0.0, 0.0, 1.0], baseline=1.0) == pytest.approx([0.0, -1.7318, -1.7318, 0.0], abs=1e-3)
 
 
 def test_a_micro_batched_update_is_the_update_of_one_batch(peaked: Path) -> None:

@@ -72,15 +72,17 @@ def group_stats(rollouts: list[TokenRollout], group_size: int) -> StepStats:
     )
 
 
+def group_advantages(rewards: list[float], baseline: float | None = None, epsilon: float = 1e-4) -> list[float]:
+    """(r − b) / (std + ε) over one group (sample std), b the group's mean or the ``baseline`` given
+    (its greedy episode's reward: ReMax's baseline, arXiv 2310.10505, at GRPO's scale)."""
+    centre = statistics.fmean(rewards) if baseline is None else baseline
+    std = statistics.stdev(rewards) if len(rewards) > 1 else 0.0
+    return [0.0 if math.isnan(value := (reward - centre) / (std + epsilon)) else value for reward in rewards]
+
+
 def advantages(rewards: list[float], group_size: int, epsilon: float = 1e-4) -> list[float]:
     """(r − mean) / (std + ε) within each group of ``group_size`` (sample std)."""
-    out = []
-    for start in range(0, len(rewards), group_size):
-        group = rewards[start : start + group_size]
-        mean = statistics.fmean(group)
-        std = statistics.stdev(group) if len(group) > 1 else 0.0
-        out.extend((reward - mean) / (std + epsilon) for reward in group)
-    return [0.0 if math.isnan(value) else value for value in out]
+    return [value for start in range(0, len(rewards), group_size) for value in group_advantages(rewards[start : start + group_size], None, epsilon)]
 
 
 def step_seeds(config: TrainingSettings, step: int) -> list[int]:
@@ -97,10 +99,12 @@ def take_rollouts(
     seeds: list[int] | None = None, draw: int = 0,
 ) -> list[TokenRollout]:
     """The groups of ``seeds`` (default: the step's first ``groups_per_step``), one after the other:
-    per seed, the hinted episodes first, then the guided ones, then the plain ones. ``draw`` counts
-    the step's resampling rounds; each samples with its own seed."""
+    per seed, the hinted episodes first, then the guided ones, then the plain ones, the last of them
+    greedy with ``greedy_baseline``. ``draw`` counts the step's resampling rounds; each samples with
+    its own seed."""
     hinted_count = round(config.hint_share * config.group_size)
     guided_count = min(round(guided_share * config.group_size), config.group_size - hinted_count)
+    greedy_from = config.group_size - 1 if config.greedy_baseline else config.group_size
     seeds = step_seeds(config, step)[: config.groups_per_step] if seeds is None else seeds
     positions = [position for _ in seeds for position in range(config.group_size)]
     return generate_rollouts(
@@ -110,6 +114,7 @@ def take_rollouts(
         hinted=[position < hinted_count for position in positions],
         seed=config.seed * 100_003 + step + draw * 1_000_003,
         guided=[hinted_count <= position < hinted_count + guided_count for position in positions],
+        greedy=[max(hinted_count + guided_count, greedy_from) <= position for position in positions],
     )  # fmt: skip
 
 
@@ -176,17 +181,21 @@ def adapter_weights(model: Any, state: dict[str, Any]) -> Iterator[None]:
 
 def _groups(rollouts: list[TokenRollout], config: TrainingSettings) -> list[tuple[list[int], list[Completion]]]:
     """(prompt, completions with advantages) of each group whose rewards differ; negative advantages
-    weighted by ``negative_weight``."""
-    values = advantages([item.rollout.reward for item in rollouts], config.group_size)
-    values = [value * config.negative_weight if value < 0 else value for value in values]
+    weighted by ``negative_weight``. A group's greedy episode, when it has one, is its baseline and
+    is not trained."""
     groups = []
     for start in range(0, len(rollouts), config.group_size):
         members = rollouts[start : start + config.group_size]
         rewards = [item.rollout.reward for item in members]
         if max(rewards) == min(rewards):
             continue
+        values = group_advantages(rewards, next((item.rollout.reward for item in members if item.greedy), None))
         # Every episode of a group has the same plain prompt (a hint is stripped before the loss).
-        completions = [Completion(item.completion_ids, item.env_mask, values[start + index]) for index, item in enumerate(members)]
+        completions = [
+            Completion(item.completion_ids, item.env_mask, value * config.negative_weight if value < 0 else value)
+            for item, value in zip(members, values, strict=True)
+            if not item.greedy
+        ]
         groups.append((members[0].prompt_ids, completions))
     return groups
 

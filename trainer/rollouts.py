@@ -10,6 +10,8 @@ plain prompt: the hint is stripped before the gradient step, so the model learns
 A guided episode starts from a forced prefix of the environment's own solution, of random length
 (whole solution turns, then part of the next): the model goes on from there, and the forced tokens
 are trained as the policy's (guided GRPO, the paper's hint injection done at the token level).
+A greedy episode is decoded greedily in the same lockstep pass as the sampled ones (its rows'
+logits cut to their largest), so a group can carry the answer greedy evaluation would give.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class TokenRollout:
     hinted: bool = False
     truncated_turns: int = 0  # turns cut by max_new_tokens
     forced_tokens: int = 0  # tokens of the environment's solution forced at the start (guided episodes)
+    greedy: bool = False  # decoded greedily among sampled episodes
 
     @property
     def policy_tokens(self) -> int:
@@ -68,6 +71,7 @@ class _Episode:
     mask: list[int] = field(default_factory=list)
     hinted: bool = False
     forced: list[list[int]] = field(default_factory=list)  # per coming turn: the tokens it starts with
+    greedy: bool = False
     done: bool = False
     turns: int = 0
     truncated_turns: int = 0
@@ -117,10 +121,12 @@ def generate_rollouts(
     hinted: Sequence[bool] | None = None,
     seed: int = 0,
     guided: Sequence[bool] | None = None,
+    greedy: Sequence[bool] | None = None,
 ) -> list[TokenRollout]:
     """Run every instance to its end with the model, batching one assistant turn of all live
     episodes per ``generate`` call. Sampling (and the length of guided episodes' forced prefixes)
-    is seeded by ``seed``: same inputs, same rollouts."""
+    is seeded by ``seed``: same inputs, same rollouts. The episodes flagged ``greedy`` are decoded
+    greedily whatever ``sampling`` says."""
     import random
 
     import torch
@@ -128,14 +134,15 @@ def generate_rollouts(
     chat = ChatTokens(tokenizer)
     hinted = list(hinted) if hinted is not None else [False] * len(instances)
     guided = list(guided) if guided is not None else [False] * len(instances)
+    greedy = list(greedy) if greedy is not None else [False] * len(instances)
     cut = random.Random(seed)
     episodes = []
-    for instance, with_hint_text, with_guide in zip(instances, hinted, guided, strict=True):
+    for instance, with_hint_text, with_guide, argmax in zip(instances, hinted, guided, greedy, strict=True):
         messages = instance.reset()
         prompt_ids = chat.opening(messages)
         context = chat.opening(with_hint(messages, instance.hint())) if with_hint_text else list(prompt_ids)
         forced = forced_solution(chat, instance, cut) if with_guide else []
-        episodes.append(_Episode(instance, messages, [False] * len(messages), context, prompt_ids, hinted=with_hint_text, forced=forced))
+        episodes.append(_Episode(instance, messages, [False] * len(messages), context, prompt_ids, hinted=with_hint_text, forced=forced, greedy=argmax))
     forced_tokens = [sum(len(turn) for turn in episode.forced) for episode in episodes]
     generator_state = torch.random.get_rng_state()
     was_training = model.training
@@ -174,6 +181,7 @@ def generate_rollouts(
             episode.hinted,
             episode.truncated_turns,
             forced,
+            episode.greedy,
         )
         for episode, forced in zip(episodes, forced_tokens, strict=True)
     ]
@@ -219,13 +227,17 @@ def _generate(
     device = next(model.parameters()).device  # the first GPU when training there
     input_ids, attention = input_ids.to(device), attention.to(device)
     width = input_ids.shape[1]
-    cached = {"cache": repeated(opening_cache, len(episodes))} if opening_cache is not None else {}
+    extra: dict[str, Any] = {"cache": repeated(opening_cache, len(episodes))} if opening_cache is not None else {}
     sample = sampling.temperature > 0
+    if sample and (argmax := [row for row, episode in enumerate(episodes) if episode.greedy]):
+        from transformers import LogitsProcessorList
+
+        extra["logits_processor"] = LogitsProcessorList([_ArgmaxRows(argmax)])
     with torch.no_grad():
         output = model.generate(
             input_ids=input_ids,
             attention_mask=attention,
-            **cached,
+            **extra,
             max_new_tokens=sampling.max_new_tokens,
             do_sample=sample,
             temperature=sampling.temperature if sample else None,
@@ -240,6 +252,22 @@ def _generate(
             row = row[: row.index(tokenizer.eos_token_id) + 1]
         turns.append(row)
     return turns
+
+
+class _ArgmaxRows:
+    """A logits processor that decodes the given rows of a sampled batch greedily: every score of
+    theirs but the largest becomes −∞, so temperature and top-p leave one token to draw."""
+
+    def __init__(self, rows: list[int]) -> None:
+        self.rows = rows
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        import torch
+
+        rows = scores[self.rows]
+        best = rows.argmax(dim=-1, keepdim=True)
+        scores[self.rows] = torch.full_like(rows, float("-inf")).scatter(1, best, rows.gather(1, best))
+        return scores
 
 
 def _advance(chat: ChatTokens, episode: _Episode, sampled: list[int], sampling: Sampling) -> None:

@@ -313,6 +313,11 @@ class TrainingSettings(Section):
         description="Weight of negative advantages in the loss (arXiv 2506.01347: positive samples sharpen the greedy answer,"
         " negative ones keep diversity); 1 = GRPO as published, 0 = positive samples only.",
     )
+    greedy_baseline: bool = Field(
+        False,
+        description="The last episode of each group is decoded greedily and is the group's baseline: the others' advantage"
+        " is their reward minus its reward, over the group's std (ReMax, arXiv 2310.10505); it is not trained itself.",
+    )
     max_grad_norm: float = Field(1.0, gt=0, description="Gradients are clipped to this global norm before each update.")
     temperature: float = Field(
         1.0, gt=0, description="Sampling temperature of training rollouts; the loss scores them on the same tempered distribution."
