@@ -24,7 +24,10 @@ from tests.learnable import LetterFamily, LetterInstance
 from trainer import model as models
 from trainer.environment import Environment, load_tools
 from trainer.families import load_families
-from trainer.grpo import _groups, advantages, group_advantages, draw_rollouts, grpo, group_stats, hardest_first, latest_checkpoint, optimise, step_seeds, take_rollouts
+from trainer.grpo import (
+    _groups, advantages, draw_rollouts, group_advantages, group_stats, grpo, hardest_first, latest_checkpoint, make_optimizer, optimise, step_seeds,
+    take_rollouts,
+)
 from trainer.recipes import load_policy, lora_state, train
 from trainer.rollouts import ChatTokens, Sampling, demonstration, generate_rollouts
 
@@ -140,6 +143,33 @@ def test_a_micro_batched_update_is_the_update_of_one_batch(peaked: Path) -> None
     assert one["loss"] == pytest.approx(four["loss"], abs=1e-5) and one["ratio_mean"] == pytest.approx(four["ratio_mean"], abs=1e-5)
     for name, tensor in weights_one.items():
         torch.testing.assert_close(tensor, weights_four[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_sgd_moves_each_weight_by_its_gradient_and_adamw_by_about_the_learning_rate(peaked: Path) -> None:
+    """One pass from the same weights and rollouts: SGD's step scales with the learning rate and
+    differs from weight to weight (the gradient's shape); AdamW's first step moves every weight with
+    a gradient by the learning rate itself (a sign step), whatever that gradient's size."""
+    moves = {}
+    for optimizer, rate in (("sgd", 0.5), ("sgd", 1.0), ("adamw", 1e-3)):
+        config = _config(group_size=4, groups_per_step=2, num_iterations=1, optimizer=optimizer, learning_rate=rate, max_grad_norm=1e6)
+        model, tokenizer = load_policy(peaked, config)
+        with torch.no_grad():  # a fresh LoRA's B is zero (then A has no gradient); start from a non-zero adapter
+            generator = torch.Generator().manual_seed(1)
+            for name, parameter in model.named_parameters():
+                if "lora_B" in name:
+                    parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+        before = lora_state(model)
+        groups = _groups(take_rollouts(model, tokenizer, LETTER, config, step=0, guided_share=0.0), config)
+        assert groups, "the step had no group with reward variance"
+        optimise(model, make_optimizer([p for p in model.parameters() if p.requires_grad], config), groups, config)
+        moves[optimizer, rate] = torch.cat([(tensor - before[name]).flatten() for name, tensor in lora_state(model).items()])
+    half, whole, adam = moves["sgd", 0.5], moves["sgd", 1.0], moves["adamw", 1e-3]
+    assert whole.abs().max() > 0
+    torch.testing.assert_close(whole, 2 * half, atol=1e-7, rtol=1e-4)
+    moved = adam.abs()[adam != 0]
+    assert ((moved - 1e-3).abs() < 2e-5).float().mean() > 0.9  # all but the weights whose gradient is near Adam's ε
+    steps = whole.abs()[whole != 0]
+    assert steps.max() > 10 * steps.median()  # SGD's steps follow the gradient's sizes, which vary widely
 
 
 class _FlatOrSplit(LetterInstance):

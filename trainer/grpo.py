@@ -200,6 +200,18 @@ def _groups(rollouts: list[TokenRollout], config: TrainingSettings) -> list[tupl
     return groups
 
 
+def make_optimizer(parameters: list[Any], config: TrainingSettings) -> Any:
+    """``config.optimizer`` over the LoRA weights. Adam divides each weight's step by the root of
+    its squared gradients so far, so over a few steps it moves every weight by about the learning
+    rate (a sign step), those whose gradient is noise as far as those that carry the signal; SGD
+    moves each in proportion to its gradient."""
+    import torch
+
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(parameters, lr=config.learning_rate)
+    return torch.optim.AdamW(parameters, lr=config.learning_rate, weight_decay=0.0)
+
+
 def optimise(model: Any, optimizer: Any, groups: list[tuple[list[int], list[Completion]]], config: TrainingSettings) -> dict[str, Any]:
     """``num_iterations`` passes over the step's groups, one optimiser step each; the last pass's
     loss, clip fraction, mean ratio and KL (the first pass's ratio is 1 by construction)."""
@@ -235,7 +247,7 @@ def grpo(
     import torch
 
     parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
-    optimizer = torch.optim.AdamW(parameters, lr=config.learning_rate, weight_decay=0.0)
+    optimizer = make_optimizer(parameters, config)
     reference = lora_state(model)
     history: list[dict[str, Any]] = []
     rollouts_taken, start = 0, 0

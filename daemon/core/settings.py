@@ -305,7 +305,12 @@ class TrainingSettings(Section):
     num_iterations: int = Field(
         2, ge=1, description="Optimisation passes over each step's rollouts; from the second the ratio leaves 1 and the clip binds."
     )
-    learning_rate: float = Field(1e-4, gt=0, description="LoRA learning rate for GRPO.")
+    learning_rate: float = Field(1e-4, gt=0, description="LoRA learning rate for GRPO (its scale depends on the optimizer).")
+    optimizer: Literal["adamw", "sgd"] = Field(
+        "adamw",
+        description="GRPO's optimizer: adamw (its first updates move every weight by about the learning rate, whatever"
+        " its gradient) or sgd (plain, no momentum: each weight moves in proportion to its gradient; rates near 1 here).",
+    )
     clip_epsilon: float = Field(0.2, gt=0, description="Clip range of the surrogate: the ratio is clipped to [1 − ε, 1 + ε].")
     kl_beta: float = Field(0.0, ge=0, description="KL penalty to the adapter GRPO starts from (paper: 0; the KL is reported either way).")
     negative_weight: float = Field(
