@@ -6,7 +6,8 @@ capability's environment over the airline agent's tools and kept on disk. Then e
 adapter and the warm start are scored greedy on the same validation seeds (`--seeds`, from 2000:
 disjoint from the held-out seeds below `eval_seeds`, the warm start's and the training seeds). The
 table gives each variant's paired difference (Newcombe's interval, McNemar's exact p), the
-won/lost seeds and its GRPO time. Validation seeds, not held-out ones, so that choosing settings here
+won/lost seeds, the KL to the warm start at each step, how far the adapter moved from it (the L2
+norm of the change in its LoRA weights) and its GRPO time. Validation seeds, not held-out ones, so that choosing settings here
 does not tune the number the demo reports.
 
     python bench/grpo_settings.py --variant demo --variant lr1e-3 learning_rate=1e-3 \
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import statistics
 import sys
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -46,6 +49,7 @@ from trainer import model as models  # noqa: E402
 from trainer.environment import Environment, load_tools  # noqa: E402
 from trainer.evaluation import paired, play  # noqa: E402
 from trainer.families import load_families  # noqa: E402
+from trainer.grpo import lora_state  # noqa: E402
 from trainer.recipes import train  # noqa: E402
 from trainer.rollouts import Sampling  # noqa: E402
 
@@ -110,12 +114,15 @@ def variant(arguments: argparse.Namespace, environment: Environment, model_dir: 
     trained_s = time.monotonic() - started
     rewards, successes = greedy(trained, environment, seeds, config)
     steps = trained.report["steps"]
+    start = load_file(str(trial / "warm_start.safetensors"))
+    moved = math.sqrt(sum(float(((tensor - start[name]) ** 2).sum()) for name, tensor in lora_state(trained.model).items()))
     return {
         "variant": name, "settings": overrides, "paired": paired(warm["success"], successes),
         "mean_reward": round(sum(rewards) / len(rewards), 4), "grpo_minutes": round(trained_s / 60, 1),
         "updates": sum(step["groups"] > step["zero_variance_groups"] for step in steps), "steps": len(steps),
         "rollouts": trained.report["rollouts"], "screen_failed": [step["screen_failed"] for step in steps],
-        "step_success": [step["success_rate"] for step in steps],
+        "step_success": [step["success_rate"] for step in steps], "step_kl": [step["kl"] for step in steps],
+        "moved": round(moved, 4),
     }  # fmt: skip
 
 
@@ -138,14 +145,16 @@ def table(warm: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     lines = [
         f"Warm start: {sum(warm['success'])}/{seeds} validation seeds, mean reward {sum(warm['rewards']) / seeds:.2f}.",
         "",
-        "| variant | settings | GRPO steps (with an update) | rollouts | after GRPO | won / lost | paired difference [95 %] | McNemar p | mean reward | GRPO minutes |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| variant | settings | GRPO steps (with an update) | rollouts | KL to the warm start by step | adapter moved (L2) | after GRPO | won / lost |"
+        " paired difference [95 %] | McNemar p | mean reward | GRPO minutes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         found = row["paired"]
         settings_text = ", ".join(f"{key} = {value}" for key, value in row["settings"].items()) or "the demo's"
         lines.append(
-            f"| {row['variant']} | {settings_text} | {row['steps']} ({row['updates']}) | {row['rollouts']} | {found['after']:.2f} | "
+            f"| {row['variant']} | {settings_text} | {row['steps']} ({row['updates']}) | {row['rollouts']} | "
+            f"{', '.join(f'{kl:.3g}' for kl in row['step_kl'])} | {row['moved']:.2f} | {found['after']:.2f} | "
             f"{found['after_only']} / {found['before_only']} | {found['difference']:+.2f} [{found['interval'][0]:+.2f}, {found['interval'][1]:+.2f}] | "
             f"{found['mcnemar_p']:.2f} | {row['mean_reward']:.2f} | {row['grpo_minutes']:.1f} |"
         )
