@@ -7,8 +7,8 @@ adapter and the warm start are scored greedy on the same validation seeds (`--se
 disjoint from the held-out seeds below `eval_seeds`, the warm start's and the training seeds). The
 table gives each variant's paired difference (Newcombe's interval, McNemar's exact p), the
 won/lost seeds, the KL to the warm start at each step, how far the adapter moved from it (the L2
-norm of the change in its LoRA weights) and its GRPO time. Validation seeds, not held-out ones, so that choosing settings here
-does not tune the number the demo reports.
+norm of the change in its LoRA weights) and its GRPO time. Validation seeds, not held-out ones, so
+that choosing settings here does not tune the number the demo reports.
 
     python bench/grpo_settings.py --variant demo --variant lr1e-3 learning_rate=1e-3 \
         --variant t0.7 temperature=0.7 --variant 6-steps steps=6 --variant 4-groups groups_per_step=4

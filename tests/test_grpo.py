@@ -136,8 +136,7 @@ def test_a_micro_batched_update_is_the_update_of_one_batch(peaked: Path) -> None
                     parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
         groups = _groups(take_rollouts(model, tokenizer, LETTER, config, step=0, guided_share=0.0), config)
         assert groups, "the step had no group with reward variance"
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate, weight_decay=0.0)
-        update = optimise(model, optimizer, groups, config)
+        update = optimise(model, make_optimizer([p for p in model.parameters() if p.requires_grad], config), groups, config)
         results.append((update, lora_state(model)))
     (one, weights_one), (four, weights_four) = results
     assert one["loss"] == pytest.approx(four["loss"], abs=1e-5) and one["ratio_mean"] == pytest.approx(four["ratio_mean"], abs=1e-5)

@@ -309,7 +309,7 @@ class TrainingSettings(Section):
     optimizer: Literal["adamw", "sgd"] = Field(
         "adamw",
         description="GRPO's optimizer: adamw (its first updates move every weight by about the learning rate, whatever"
-        " its gradient) or sgd (plain, no momentum: each weight moves in proportion to its gradient; rates near 1 here).",
+        " its gradient) or sgd (plain, no momentum: each weight moves in proportion to its gradient; SmolLM2-135M's LoRA wants about 0.5).",
     )
     clip_epsilon: float = Field(0.2, gt=0, description="Clip range of the surrogate: the ratio is clipped to [1 − ε, 1 + ε].")
     kl_beta: float = Field(0.0, ge=0, description="KL penalty to the adapter GRPO starts from (paper: 0; the KL is reported either way).")
