@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -124,19 +125,26 @@ def test_a_greedy_baseline_is_decoded_greedily_in_the_group_and_not_trained(peak
     assert group_advantages([1.0, 0.0, 0.0, 1.0], baseline=1.0) == pytest.approx([0.0, -1.7318, -1.7318, 0.0], abs=1e-3)
 
 
+def _policy_with_a_nonzero_adapter(path: Path, config: TrainingSettings) -> tuple[Any, Any]:
+    """The policy with the same non-zero LoRA B every time: a fresh LoRA's B is zero, and then A
+    has no gradient."""
+    model, tokenizer = load_policy(path, config)
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(1)
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+    return model, tokenizer
+
+
 def test_a_micro_batched_update_is_the_update_of_one_batch(peaked: Path) -> None:
     results = []
     for micro_batch in (1, 4):
         config = _config(group_size=4, groups_per_step=2, micro_batch=micro_batch, num_iterations=2, learning_rate=1e-2)
-        model, tokenizer = load_policy(peaked, config)
-        with torch.no_grad():  # a fresh LoRA's B is zero; start both from the same non-zero adapter
-            generator = torch.Generator().manual_seed(1)
-            for name, parameter in model.named_parameters():
-                if "lora_B" in name:
-                    parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+        model, tokenizer = _policy_with_a_nonzero_adapter(peaked, config)
         groups = _groups(take_rollouts(model, tokenizer, LETTER, config, step=0, guided_share=0.0), config)
         assert groups, "the step had no group with reward variance"
-        update = optimise(model, make_optimizer([p for p in model.parameters() if p.requires_grad], config), groups, config)
+        update = optimise(model, make_optimizer(model, config), groups, config)
         results.append((update, lora_state(model)))
     (one, weights_one), (four, weights_four) = results
     assert one["loss"] == pytest.approx(four["loss"], abs=1e-5) and one["ratio_mean"] == pytest.approx(four["ratio_mean"], abs=1e-5)
@@ -151,16 +159,11 @@ def test_sgd_moves_each_weight_by_its_gradient_and_adamw_by_about_the_learning_r
     moves = {}
     for optimizer, rate in (("sgd", 0.5), ("sgd", 1.0), ("adamw", 1e-3)):
         config = _config(group_size=4, groups_per_step=2, num_iterations=1, optimizer=optimizer, learning_rate=rate, max_grad_norm=1e6)
-        model, tokenizer = load_policy(peaked, config)
-        with torch.no_grad():  # a fresh LoRA's B is zero (then A has no gradient); start from a non-zero adapter
-            generator = torch.Generator().manual_seed(1)
-            for name, parameter in model.named_parameters():
-                if "lora_B" in name:
-                    parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+        model, tokenizer = _policy_with_a_nonzero_adapter(peaked, config)
         before = lora_state(model)
         groups = _groups(take_rollouts(model, tokenizer, LETTER, config, step=0, guided_share=0.0), config)
         assert groups, "the step had no group with reward variance"
-        optimise(model, make_optimizer([p for p in model.parameters() if p.requires_grad], config), groups, config)
+        optimise(model, make_optimizer(model, config), groups, config)
         moves[optimizer, rate] = torch.cat([(tensor - before[name]).flatten() for name, tensor in lora_state(model).items()])
     half, whole, adam = moves["sgd", 0.5], moves["sgd", 1.0], moves["adamw", 1e-3]
     assert whole.abs().max() > 0

@@ -200,13 +200,14 @@ def _groups(rollouts: list[TokenRollout], config: TrainingSettings) -> list[tupl
     return groups
 
 
-def make_optimizer(parameters: list[Any], config: TrainingSettings) -> Any:
-    """``config.optimizer`` over the LoRA weights. Adam divides each weight's step by the root of
+def make_optimizer(model: Any, config: TrainingSettings) -> Any:
+    """``config.optimizer`` over the model's trainable (LoRA) weights. Adam divides each weight's step by the root of
     its squared gradients so far, so over a few steps it moves every weight by about the learning
     rate (a sign step), those whose gradient is noise as far as those that carry the signal; SGD
     moves each in proportion to its gradient."""
     import torch
 
+    parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
     if config.optimizer == "sgd":
         return torch.optim.SGD(parameters, lr=config.learning_rate)
     return torch.optim.AdamW(parameters, lr=config.learning_rate, weight_decay=0.0)
@@ -246,8 +247,7 @@ def grpo(
     from, the step records and the number of rollouts."""
     import torch
 
-    parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
-    optimizer = make_optimizer(parameters, config)
+    optimizer = make_optimizer(model, config)
     reference = lora_state(model)
     history: list[dict[str, Any]] = []
     rollouts_taken, start = 0, 0
