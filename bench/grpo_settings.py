@@ -115,7 +115,7 @@ def variant(arguments: argparse.Namespace, environment: Environment, model_dir: 
     rewards, successes = greedy(trained, environment, seeds, config)
     steps = trained.report["steps"]
     start = load_file(str(trial / "warm_start.safetensors"))
-    moved = math.sqrt(sum(float(((tensor - start[name]) ** 2).sum()) for name, tensor in lora_state(trained.model).items()))
+    moved = math.sqrt(sum(float(((tensor.cpu() - start[name]) ** 2).sum()) for name, tensor in lora_state(trained.model).items()))
     return {
         "variant": name, "settings": overrides, "paired": paired(warm["success"], successes),
         "mean_reward": round(sum(rewards) / len(rewards), 4), "grpo_minutes": round(trained_s / 60, 1),

@@ -86,6 +86,8 @@ def test_a_planted_gap_ends_as_a_verified_candidate_adapter_with_no_manual_step(
     assert replayed["cases"] > 0 and len(replayed["items"]) == replayed["cases"]
     assert {item["base"] for item in replayed["items"]} <= {"NA", "PRESENT", "LACKING"}
     assert target["base"]["seeds"] == 3 and len(target["adapter"]["success_interval"]) == 2
+    # Trained where [training] device = "auto" found room: here the CPU, under the address-space limit.
+    assert (run["result"]["device"], run["result"]["memory_limit_mb"]) == ("cpu", TrainingSettings().memory_mb)
     # One adapter row, version 1, whose files verify against the base model they were trained on.
     assert [(item["capability"], item["version"], item["state"]) for item in adapters] == [("precondition_verification", 1, "candidate")]
     manifest = verify_adapter(Path(adapters[0]["path"]), base_model_hash(tiny_model))
@@ -140,6 +142,21 @@ def test_a_crashed_run_is_failed_with_its_error_and_leaves_no_adapter(
     assert runs.adapters() == []
     assert analysis.states()[FAMILY.capability]["state"] == "environment"
     assert runner.run_pass() is None  # the environment has had its run
+
+
+def test_a_run_on_a_gpu_that_is_not_there_fails_with_the_reason_instead_of_training_on_the_cpu(
+    runner_store: tuple[Store, AnalysisStore, RunStore], tiny_model: Path
+) -> None:
+    import torch
+
+    store, analysis, runs = runner_store
+    run = runs.run(_runner(store, analysis, runs, tiny_model, device="cuda").run_pass())
+    if torch.cuda.is_available():  # on a GPU machine the same run trains there, with no address-space limit
+        assert run["status"] in ("candidate", "rejected_by_eval"), run
+        assert (run["result"]["device"], run["result"]["memory_limit_mb"]) == ("cuda", None)
+    else:
+        assert run["status"] == "failed" and "[training] device = 'cuda'" in run["error"] and "sees no usable GPU" in run["error"], run
+        assert runs.adapters() == []
 
 
 def test_a_daemon_side_error_fails_the_run_instead_of_leaving_it_running(

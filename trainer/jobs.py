@@ -33,14 +33,20 @@ def read_request(path: Path, required: Sequence[str]) -> dict[str, Any]:
     return request
 
 
-def limit_memory(memory_mb: int | None) -> None:
+def limit_memory(memory_mb: int | None, device: str = "cpu") -> int | None:
     """RLIMIT_AS, set before the model is loaded: an oversized one fails here instead of swapping
-    the host."""
-    if not memory_mb:
-        return
+    the host. Returns the limit set, in MB.
+
+    Not on a GPU: the CUDA driver reserves host address space beyond the GPU's memory when it
+    starts (about twice it, as reported for recent drivers), so under a limit that fits the host it
+    fails to start and torch falls back to the CPU with no more than a warning. None is returned
+    then."""
+    if not memory_mb or device != "cpu":
+        return None
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+    return memory_mb
 
 
 def exit_with_parent() -> None:

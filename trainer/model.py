@@ -85,6 +85,21 @@ def resolve(model: str, cache_dir: Path) -> Path:
     return path
 
 
+def training_device(preference: str) -> str:
+    """"cuda" or "cpu" for a ``[training] device`` setting: "auto" is the first GPU when CUDA can
+    use one; "cuda" where it cannot is an error, not a silent run on the CPU."""
+    import torch
+
+    if preference == "cpu":
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if preference == "cuda":
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise ModelUnavailable(f"[training] device = 'cuda', but torch {torch.__version__} ({build}) sees no usable GPU")
+    return "cpu"
+
+
 def load(model: str, cache_dir: Path) -> tuple[Any, Any]:
     """(model, tokenizer), on the CPU in float32, in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -32,6 +32,7 @@ from transformers import PrinterCallback, TrainerCallback
 from daemon.core.settings import TrainingSettings
 from trainer.environment import Environment
 from trainer.grpo import grpo, latest_checkpoint, lora_state
+from trainer.model import training_device
 from trainer.rollouts import Sampling, demonstration
 
 Progress = Callable[[dict[str, Any]], None]
@@ -58,7 +59,8 @@ def lora_config(config: TrainingSettings) -> Any:
 
 
 def load_policy(model_dir: Path, config: TrainingSettings) -> tuple[Any, Any]:
-    """The base model with a fresh LoRA adapter, and its tokenizer (left padding for generation)."""
+    """The base model with a fresh LoRA adapter on ``config.device``, and its tokenizer (left
+    padding for generation)."""
     import torch
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -71,9 +73,7 @@ def load_policy(model_dir: Path, config: TrainingSettings) -> tuple[Any, Any]:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     dtype = getattr(torch, config.dtype)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    if torch.cuda.is_available():
-        base = base.to("cuda")
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(training_device(config.device))
     return get_peft_model(base, lora_config(config)), tokenizer
 
 
@@ -90,7 +90,6 @@ def supervised(
 ) -> dict[str, Any]:
     """`config.warm_start_epochs` supervised passes over (token ids, policy mask) sequences with the
     warm start's batch and learning rate, the loss on the masked-in tokens only."""
-    import torch
     from datasets import Dataset
     from trl import SFTConfig
 
@@ -109,7 +108,7 @@ def supervised(
         logging_steps=1,
         save_strategy="no",
         report_to=[],
-        use_cpu=not torch.cuda.is_available(),
+        use_cpu=next(model.parameters()).device.type == "cpu",
         bf16=config.dtype == "bfloat16",
         seed=config.seed,
         max_length=config.max_length,
@@ -215,7 +214,7 @@ def train(environment: Environment, model_dir: Path, directory: Path, config: Tr
     chosen = _best(tried) if auto else config.recipe
     _set_state(model, kept[chosen])
     report = {
-        "recipe": chosen, "tried": tried, "warm_start": warm_report if chosen.startswith("sft") else None,
+        "recipe": chosen, "device": next(model.parameters()).device.type, "tried": tried, "warm_start": warm_report if chosen.startswith("sft") else None,
         "steps": grpo_report["steps"] if "grpo" in chosen else [], "rollouts": grpo_report["rollouts"] if "grpo" in chosen else 0,
         "resumed_from": grpo_report["resumed_from"],
     }  # fmt: skip

@@ -28,6 +28,7 @@ from trainer.adapters import AdapterRejected, base_model_hash, save_adapter, ver
 from trainer.environment import Environment
 from trainer.evaluation import compare
 from trainer.families import build_environment, load_families
+from trainer.model import training_device
 from trainer.recipes import train
 from trainer.replay import replay
 from trainer.rollouts import Sampling
@@ -74,6 +75,13 @@ def finished_result(request: dict[str, Any], run_dir: Path) -> dict[str, Any] | 
     }
 
 
+def training_settings(request: dict[str, Any]) -> TrainingSettings:
+    try:
+        return TrainingSettings.model_validate(request["training"])
+    except ValidationError as error:
+        raise RequestError(f"bad [training] settings: {error}") from error
+
+
 def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train, evaluate and (when it earns it) save the adapter; returns the result record."""
     from trainer import model as models
@@ -84,10 +92,7 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
     family, tools = environment.family, environment.tools
     model_settings = request["model"]
     model_dir = models.resolve(model_settings["name"], Path(model_settings["cache_dir"]))
-    try:
-        config = TrainingSettings.model_validate(request["training"])
-    except ValidationError as error:
-        raise RequestError(f"bad [training] settings: {error}") from error
+    config = training_settings(request)
     trained = train(environment, model_dir, run_dir, config, progress)
     model, tokenizer, report = trained.model, trained.tokenizer, trained.report
 
@@ -119,9 +124,14 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
         "evaluation": verdict,
         "training": {key: value for key, value in report.items() if key != "steps"},
         "steps": len(report["steps"]),
+        "device": report["device"],
         "seconds": round(time.monotonic() - started, 1),
         "adapter": None,
     }
+    if report["device"] == "cuda":
+        import torch
+
+        result["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / 2**20)
     if verdict["verdict"] == "candidate":
         directory = run_dir / "adapter"
         manifest = {
@@ -151,7 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> None:
         request = read_request(arguments.request, REQUIRED)
-        limit_memory(request.get("memory_mb"))
+        # The device first: on a GPU no address-space limit can be set (limit_memory).
+        memory_limit_mb = limit_memory(request.get("memory_mb"), training_device(training_settings(request).device))
         exit_with_parent()
         arguments.run_dir.mkdir(parents=True, exist_ok=True)
         finished = finished_result(request, arguments.run_dir)
@@ -165,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log.flush()
 
             result = run_training(request, arguments.run_dir, progress)
-        write_atomically(arguments.run_dir / "result.json", result)
+        write_atomically(arguments.run_dir / "result.json", {**result, "memory_limit_mb": memory_limit_mb})
 
     return run_job("training", body, "[training] memory_mb")
 

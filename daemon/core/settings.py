@@ -363,7 +363,12 @@ class TrainingSettings(Section):
     eval_margin: float = Field(0.2, ge=0, le=1, description="An adapter is a candidate only when its success rate beats the base's by this.")
     eval_interference: bool = Field(True, description="Also score the other built-in environments, to catch interference.")
     timeout_s: float = Field(4 * 3600, gt=0, description="A training run longer than this is killed and marked failed.")
-    memory_mb: int = Field(16384, ge=512, description="Address-space limit of the training subprocess.")
+    memory_mb: int = Field(
+        16384, ge=512, description="Address-space limit of the training subprocess on the CPU (none on a GPU: docs/training.md)."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the training subprocess runs: 'auto' takes the first GPU when CUDA can use one, else the CPU."
+    )
     seed: int = Field(0, description="Seed of sampling and initialisation.")
     threads: int = Field(0, ge=0, description="Torch CPU threads of the training subprocess; 0 = [model] threads.")
     dtype: Literal["float32", "bfloat16"] = Field(

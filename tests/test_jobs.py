@@ -1,0 +1,39 @@
+"""What the model subprocesses have in common (trainer/jobs.py), in real processes: the memory limit
+each sets for itself, and the device a training job picks."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+from trainer.model import ModelUnavailable, training_device
+
+
+def _limit_in_a_fresh_process(memory_mb: int, device: str) -> list[str]:
+    code = (
+        "import resource; from trainer.jobs import limit_memory; "
+        f"applied = limit_memory({memory_mb}, {device!r}); print(applied, resource.getrlimit(resource.RLIMIT_AS)[0])"
+    )
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True, timeout=60).stdout.split()
+
+
+def test_a_cpu_job_runs_under_its_address_space_limit_and_a_gpu_job_under_none() -> None:
+    assert _limit_in_a_fresh_process(700, "cpu") == ["700", str(700 * 1024 * 1024)]
+    # The CUDA driver reserves host address space beyond any such limit when it starts: none is set.
+    assert _limit_in_a_fresh_process(700, "cuda") == ["None", str(resource.getrlimit(resource.RLIMIT_AS)[0])]
+
+
+def test_the_training_device_is_the_gpu_only_where_cuda_has_one() -> None:
+    import torch
+
+    assert training_device("cpu") == "cpu"
+    if torch.cuda.is_available():
+        assert training_device("auto") == training_device("cuda") == "cuda"
+    else:
+        assert training_device("auto") == "cpu"
+        with pytest.raises(ModelUnavailable, match=r"device = 'cuda'.*sees no usable GPU"):
+            training_device("cuda")
