@@ -37,3 +37,22 @@ def test_the_training_device_is_the_gpu_only_where_cuda_has_one() -> None:
         assert training_device("auto") == "cpu"
         with pytest.raises(ModelUnavailable, match=r"device = 'cuda'.*sees no usable GPU"):
             training_device("cuda")
+
+
+def test_a_torch_allocation_beyond_the_limit_fails_the_job_as_out_of_memory_with_the_size_asked() -> None:
+    code = (
+        "import sys, torch; from trainer.jobs import limit_memory, run_job; limit_memory(4000); "
+        "sys.exit(run_job('training', lambda: torch.ones(2**33, dtype=torch.uint8), '[training] memory_mb'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1].startswith(
+        "training failed: out of memory under the [training] memory_mb limit (you tried to allocate 8589934592 bytes"
+    ), done.stderr
+
+
+def test_any_other_runtime_error_fails_the_job_with_its_traceback_and_reason() -> None:
+    code = "import sys; from trainer.jobs import run_job; sys.exit(run_job('training', lambda: (_ for _ in ()).throw(RuntimeError('shape mismatch'))))"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" in done.stderr
+    assert done.stderr.splitlines()[-1] == "training failed: RuntimeError: shape mismatch", done.stderr

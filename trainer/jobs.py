@@ -67,6 +67,19 @@ def write_atomically(path: Path, data: dict[str, Any]) -> None:
     os.replace(staging, path)
 
 
+def out_of_memory(error: RuntimeError, memory_setting: str) -> str | None:
+    """What a torch allocation that failed says, or None for any other error: torch reports its own
+    failures as RuntimeError (``DefaultCPUAllocator: can't allocate memory`` under the address-space
+    limit, ``torch.OutOfMemoryError`` on a GPU), not as MemoryError."""
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if type(error).__name__ == "OutOfMemoryError":
+        return f"out of GPU memory: {message}"
+    if "can't allocate memory" in message:
+        asked = message[message.find("you tried") :] if "you tried" in message else message
+        return f"out of memory under the {memory_setting} limit ({asked})"
+    return None
+
+
 def run_job(what: str, body: Callable[[], None], memory_setting: str = "memory_mb") -> int:
     """Run a job's body and turn its failure into an exit status with the reason as the last line
     of stderr (which the daemon records): 0 done, 1 failed."""
@@ -76,6 +89,12 @@ def run_job(what: str, body: Callable[[], None], memory_setting: str = "memory_m
         body()
     except MemoryError:
         print(f"{what} failed: out of memory under the {memory_setting} limit", file=sys.stderr)
+        return 1
+    except RuntimeError as error:
+        if (reason := out_of_memory(error, memory_setting)) is None:
+            traceback.print_exc()
+            reason = f"{type(error).__name__}: {error}"
+        print(f"{what} failed: {reason}", file=sys.stderr)
         return 1
     except (RequestError, ModelUnavailable, ValueError, OSError) as error:
         print(f"{what} failed: {error}", file=sys.stderr)

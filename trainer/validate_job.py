@@ -98,9 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RequestError, ModelUnavailable) as error:
         reason = str(error)
     except Exception as error:
-        # Under RLIMIT_AS an allocation raises MemoryError, and a shared library that does not fit
-        # "failed to map segment".
-        if isinstance(error, MemoryError) or "failed to map" in str(error):
+        # Under RLIMIT_AS an allocation raises MemoryError (torch's a RuntimeError saying "can't
+        # allocate memory"), and a shared library that does not fit "failed to map segment".
+        if isinstance(error, MemoryError) or "failed to map" in str(error) or "can't allocate memory" in str(error):
             reason = f"out of memory under the {memory_mb} MB limit ([validation] memory_mb): {error}"
         elif isinstance(error, (ValueError, OSError)):
             reason = str(error)
