@@ -276,8 +276,8 @@ def test_tracefix_train_runs_one_in_the_foreground_on_a_tools_file(tmp_path: Pat
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert told.returncode == 0, told.stderr[-2000:]
     lines = told.stdout.splitlines()
-    kept = next(line for line in lines if line.startswith("recipe: ")).removeprefix("recipe: ")
-    assert kept in ("sft", "sft+grpo", "guided_grpo", "grpo")
+    kept, _, where = next(line for line in lines if line.startswith("recipe: ")).removeprefix("recipe: ").partition(" ")
+    assert kept in ("sft", "sft+grpo", "guided_grpo", "grpo") and where == "(trained on cpu)"
     assert [line.split(":")[0].strip() for line in lines if "validation success" in line] == ["sft", "sft+grpo", "guided_grpo", "grpo"]
     assert any(line.startswith("GRPO added") for line in lines) == (kept == "sft+grpo")
 

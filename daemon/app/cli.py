@@ -678,7 +678,7 @@ def train(
     )
     for reason in result["evaluation"]["reasons"]:
         click.echo(f"  {reason}")
-    click.echo(f"recipe: {result['training']['recipe']}")
+    click.echo(f"recipe: {result['training']['recipe']} (trained on {result['device']})")
     for trial in result["training"]["tried"]:
         if "validation" in trial:
             click.echo(f"  {trial['recipe']}: validation success {trial['validation']['success_rate']:.2f}")
