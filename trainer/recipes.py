@@ -214,7 +214,8 @@ def train(environment: Environment, model_dir: Path, directory: Path, config: Tr
     chosen = _best(tried) if auto else config.recipe
     _set_state(model, kept[chosen])
     report = {
-        "recipe": chosen, "device": next(model.parameters()).device.type, "tried": tried, "warm_start": warm_report if chosen.startswith("sft") else None,
+        "recipe": chosen, "device": next(model.parameters()).device.type, "tried": tried,
+        "warm_start": warm_report if chosen.startswith("sft") else None,
         "steps": grpo_report["steps"] if "grpo" in chosen else [], "rollouts": grpo_report["rollouts"] if "grpo" in chosen else 0,
         "resumed_from": grpo_report["resumed_from"],
     }  # fmt: skip

@@ -122,7 +122,7 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
         "capability": request["capability"],
         "verdict": verdict["verdict"],
         "evaluation": verdict,
-        "training": {key: value for key, value in report.items() if key != "steps"},
+        "training": {key: value for key, value in report.items() if key not in ("steps", "device")},
         "steps": len(report["steps"]),
         "device": report["device"],
         "seconds": round(time.monotonic() - started, 1),
