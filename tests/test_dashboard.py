@@ -116,7 +116,7 @@ def seed_pipeline(directory: Path) -> None:
                     {"recipe": "guided_grpo", "skipped": "120 s of the budget left"},
                 ],
             },
-            "steps": STEPS,
+            "steps": STEPS, "device": "cuda", "memory_limit_mb": None,
             "seconds": 241.0, "adapter": str(run_dir / "adapter"),
         }  # fmt: skip
         assert runs.add_candidate(run, str(run_dir / "adapter"), "0" * 64, result) is not None
@@ -291,8 +291,8 @@ def test_pipeline_page_shows_validation_figures_a_sampled_instance_and_training_
     assert any("mean reward" in spec and "success rate" in spec for spec in specs)
     assert any("zero variance" in spec for spec in specs)
     assert any("groups with variance" in spec for spec in specs)  # the gate's figures against their bands
-    # The run names its recipe, what GRPO added to the warm start, and the recipes tried on validation seeds.
-    assert "Recipe **sft+grpo**. GRPO added +0.14 [" in shown, shown
+    # The run names its recipe, where it trained, what GRPO added to the warm start, and the recipes tried on validation seeds.
+    assert "Recipe **sft+grpo**, trained on cuda. GRPO added +0.14 [" in shown, shown
     tried = next(frame.value for frame in test.dataframe if "validation success" in frame.value.columns)
     assert list(tried["recipe"]) == ["sft", "sft+grpo", "guided_grpo"] and list(tried["validation success"])[:2] == [0.25, 0.5]
     assert any("clipped tokens" in spec and "KL to start" in spec for spec in specs)

@@ -205,7 +205,9 @@ def render_run(run: Mapping[str, Any]) -> None:
             st.caption(reason)
         training = result.get("training") or {}
         if training.get("recipe"):
-            st.markdown(f"Recipe **{training['recipe']}**" + (f". {added}." if (added := grpo_added_text(evaluation.get("grpo_added"))) else "."))
+            where = f", trained on {result['device']}" if result.get("device") else ""  # runs from before devices were recorded say nothing
+            added = grpo_added_text(evaluation.get("grpo_added"))
+            st.markdown(f"Recipe **{training['recipe']}**{where}" + (f". {added}." if added else "."))
         tried = [item for item in training.get("tried") or [] if "validation" in item or "skipped" in item]
         if tried:
             st.caption("Recipes tried on the validation seeds (the best is kept)")
