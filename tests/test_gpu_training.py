@@ -19,7 +19,7 @@ def test_the_training_check_passes_through_the_daemons_own_job_and_reports_what_
         sys.executable, "bench/gpu_training.py", "--model", str(tiny_model), "--work", str(tmp_path), "--max-new-tokens", "8",
         # The tiny random model earns no reward by itself: guided episodes give its groups variance, and
         # a large learning rate moves it far enough in one pass for the clip to bind on the second.
-        "--set", "device=cpu", "warm_start_examples=2", "steps=2", "groups_per_step=1", "group_size=2", "eval_seeds=2",
+        "--set", "device=cpu", "threads=1", "warm_start_examples=2", "steps=2", "groups_per_step=1", "group_size=2", "eval_seeds=2",
         "warm_guided_share=0.5", "learning_rate=0.05",
     ]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -35,7 +35,7 @@ def test_the_training_check_passes_through_the_daemons_own_job_and_reports_what_
 def test_the_same_check_fails_when_the_run_did_not_train_where_it_was_asked(tmp_path: Path, tiny_model: Path) -> None:
     command = [
         sys.executable, "bench/gpu_training.py", "--model", str(tiny_model), "--work", str(tmp_path), "--max-new-tokens", "8",
-        "--set", "warm_start_examples=2", "steps=1", "groups_per_step=1", "group_size=2", "eval_seeds=2",
+        "--set", "threads=1", "warm_start_examples=2", "steps=1", "groups_per_step=1", "group_size=2", "eval_seeds=2",
     ]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     import torch
