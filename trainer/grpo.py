@@ -201,10 +201,10 @@ def _groups(rollouts: list[TokenRollout], config: TrainingSettings) -> list[tupl
 
 
 def make_optimizer(model: Any, config: TrainingSettings) -> Any:
-    """``config.optimizer`` over the model's trainable (LoRA) weights. Adam divides each weight's step by the root of
-    its squared gradients so far, so over a few steps it moves every weight by about the learning
-    rate (a sign step), those whose gradient is noise as far as those that carry the signal; SGD
-    moves each in proportion to its gradient."""
+    """``config.optimizer`` over the model's trainable (LoRA) weights. Adam divides each weight's
+    step by the root of its squared gradients so far, so over a few steps it moves every weight by
+    about the learning rate (a sign step), those whose gradient is noise as far as those that carry
+    the signal; SGD moves each in proportion to its gradient."""
     import torch
 
     parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]

@@ -67,17 +67,22 @@ def write_atomically(path: Path, data: dict[str, Any]) -> None:
     os.replace(staging, path)
 
 
+def allocation_failed(error: BaseException) -> bool:
+    """Whether ``error`` is torch's own failure to allocate: a RuntimeError, not a MemoryError
+    (``DefaultCPUAllocator: can't allocate memory`` under the address-space limit,
+    ``torch.OutOfMemoryError`` on a GPU)."""
+    return type(error).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(error)
+
+
 def out_of_memory(error: RuntimeError, memory_setting: str) -> str | None:
-    """What a torch allocation that failed says, or None for any other error: torch reports its own
-    failures as RuntimeError (``DefaultCPUAllocator: can't allocate memory`` under the address-space
-    limit, ``torch.OutOfMemoryError`` on a GPU), not as MemoryError."""
+    """What a torch allocation that failed says, or None for any other error."""
+    if not allocation_failed(error):
+        return None
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
     if type(error).__name__ == "OutOfMemoryError":
         return f"out of GPU memory: {message}"
-    if "can't allocate memory" in message:
-        asked = message[message.find("you tried") :] if "you tried" in message else message
-        return f"out of memory under the {memory_setting} limit ({asked})"
-    return None
+    asked = message[message.find("you tried") :] if "you tried" in message else message
+    return f"out of memory under the {memory_setting} limit ({asked})"
 
 
 def run_job(what: str, body: Callable[[], None], memory_setting: str = "memory_mb") -> int:

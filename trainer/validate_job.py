@@ -22,7 +22,7 @@ from typing import Any
 from daemon.core.settings import ValidationSettings
 from trainer.environment import Family, Instance, Policy, Tool
 from trainer.families import build_environment
-from trainer.jobs import RequestError, exit_with_parent, limit_memory, write_atomically
+from trainer.jobs import RequestError, allocation_failed, exit_with_parent, limit_memory, write_atomically
 from trainer.jobs import read_request as read_request_keys
 from trainer.model import ModelUnavailable
 from trainer.validation import validate
@@ -98,9 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RequestError, ModelUnavailable) as error:
         reason = str(error)
     except Exception as error:
-        # Under RLIMIT_AS an allocation raises MemoryError (torch's a RuntimeError saying "can't
-        # allocate memory"), and a shared library that does not fit "failed to map segment".
-        if isinstance(error, MemoryError) or "failed to map" in str(error) or "can't allocate memory" in str(error):
+        # Under RLIMIT_AS an allocation raises MemoryError (torch's a RuntimeError: allocation_failed),
+        # and a shared library that does not fit "failed to map segment".
+        if isinstance(error, MemoryError) or "failed to map" in str(error) or allocation_failed(error):
             reason = f"out of memory under the {memory_mb} MB limit ([validation] memory_mb): {error}"
         elif isinstance(error, (ValueError, OSError)):
             reason = str(error)
