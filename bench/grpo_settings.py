@@ -21,6 +21,10 @@ within noise of another's at this scale; the summary is what to compare.
 After the tables it prints the warm start's failed seeds by reward and instance kind: what the
 variants have to fix.
 
+With `save_steps=K` among a variant's settings, the run's checkpoints before its last step that are
+kept (the last two) are scored too, on the same seeds: `--variant 32-steps steps=32 save_steps=16`
+gives what GRPO had added after 16 steps and after 32, in one run.
+
 The warm start is reused when `--output` already holds it (delete the directory to train it again).
 """
 
@@ -49,7 +53,7 @@ from trainer import model as models  # noqa: E402
 from trainer.environment import Environment, load_tools  # noqa: E402
 from trainer.evaluation import paired, play  # noqa: E402
 from trainer.families import load_families  # noqa: E402
-from trainer.grpo import lora_state  # noqa: E402
+from trainer.grpo import adapter_weights, complete_checkpoints, lora_state  # noqa: E402
 from trainer.recipes import train  # noqa: E402
 from trainer.rollouts import Sampling  # noqa: E402
 
@@ -62,12 +66,14 @@ def settings(overrides: dict[str, Any], max_new_tokens: int) -> TrainingSettings
 
 
 def parse_variant(words: list[str]) -> tuple[str, dict[str, Any]]:
-    """``NAME key=value …``; values are JSON (numbers, true/false, lists) or plain strings."""
+    """``NAME key=value …``; values are JSON (numbers, true/false, lists) or plain strings. A NAME
+    that is an option (``--warm``, ``--set``) names the settings in errors by itself."""
     name, overrides = words[0], {}
+    where = name if name.startswith("--") else f"--variant {name}"
     for word in words[1:]:
         key, separator, value = word.partition("=")
         if not separator:
-            raise SystemExit(f"--variant {name}: {word!r} is not key=value")
+            raise SystemExit(f"{where}: {word!r} is not key=value")
         try:
             overrides[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -75,7 +81,7 @@ def parse_variant(words: list[str]) -> tuple[str, dict[str, Any]]:
     try:  # a wrong key or value stops here, before any training
         settings(overrides, 96)
     except ValidationError as error:
-        raise SystemExit(f"--variant {name}: {error}") from None
+        raise SystemExit(f"{where}: {error}") from None
     return name, overrides
 
 
@@ -91,7 +97,7 @@ def warm_start(arguments: argparse.Namespace, environment: Environment, model_di
     if record.exists():
         return json.loads(record.read_text())
     started = time.monotonic()
-    config = settings({"recipe": "sft", "steps": 0}, arguments.max_new_tokens)
+    config = settings({**arguments.warm_settings, "recipe": "sft", "steps": 0}, arguments.max_new_tokens)
     trained = train(environment, model_dir, output / "warm", config)
     rewards, successes = greedy(trained, environment, seeds, config)
     found = {"rewards": rewards, "success": successes, "warm_start": trained.report["warm_start"], "seconds": round(time.monotonic() - started, 1)}
@@ -116,13 +122,19 @@ def variant(arguments: argparse.Namespace, environment: Environment, model_dir: 
     steps = trained.report["steps"]
     start = load_file(str(trial / "warm_start.safetensors"))
     moved = math.sqrt(sum(float(((tensor.cpu() - start[name]) ** 2).sum()) for name, tensor in lora_state(trained.model).items()))
+    along = []  # the run's earlier checkpoints that are kept (save_steps), scored the same way
+    for checkpoint in complete_checkpoints(directory / "checkpoints" / "sft+grpo"):
+        step = int(checkpoint.name.split("-")[-1])
+        if step < len(steps):
+            with adapter_weights(trained.model, load_file(str(checkpoint / "adapter_model.safetensors"))):
+                along.append({"step": step, "paired": paired(warm["success"], greedy(trained, environment, seeds, config)[1])})
     return {
         "variant": name, "settings": overrides, "paired": paired(warm["success"], successes),
         "mean_reward": round(sum(rewards) / len(rewards), 4), "grpo_minutes": round(trained_s / 60, 1),
         "updates": sum(step["groups"] > step["zero_variance_groups"] for step in steps), "steps": len(steps),
         "rollouts": trained.report["rollouts"], "screen_failed": [step["screen_failed"] for step in steps],
         "step_success": [step["success_rate"] for step in steps], "step_kl": [step["kl"] for step in steps],
-        "moved": round(moved, 4),
+        "moved": round(moved, 4), "along": along,
     }  # fmt: skip
 
 
@@ -158,6 +170,16 @@ def table(warm: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"{found['after_only']} / {found['before_only']} | {found['difference']:+.2f} [{found['interval'][0]:+.2f}, {found['interval'][1]:+.2f}] | "
             f"{found['mcnemar_p']:.2f} | {row['mean_reward']:.2f} | {row['grpo_minutes']:.1f} |"
         )
+    along = [(row["variant"], point) for row in rows for point in row.get("along", [])]
+    if along:
+        lines += ["", "The same runs at their earlier checkpoints (`save_steps`), scored on the same seeds:", "",
+                  "| variant | after step | after GRPO | won / lost | paired difference [95 %] | McNemar p |", "|---|---|---|---|---|---|"]  # fmt: skip
+        for name, point in along:
+            found = point["paired"]
+            lines.append(
+                f"| {name} | {point['step']} | {found['after']:.2f} | {found['after_only']} / {found['before_only']} | "
+                f"{found['difference']:+.2f} [{found['interval'][0]:+.2f}, {found['interval'][1]:+.2f}] | {found['mcnemar_p']:.2f} |"
+            )
     return "\n".join(lines)
 
 
@@ -188,11 +210,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=48, help="validation seeds, from 2000")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each variant, [training] seed 0 … N−1")
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--warm", nargs="+", default=[], metavar="key=value", help="[training] settings of the warm start (default: the demo's)")
     parser.add_argument("--model", default=models.EMBEDDED)
     parser.add_argument("--cache", default=".tracefix/models")
     parser.add_argument("--output", default=".tracefix/bench-grpo-settings")
     arguments = parser.parse_args()
     variants = [parse_variant(words) for words in arguments.variant]
+    arguments.warm_settings = parse_variant(["--warm", *arguments.warm])[1]
     if arguments.repeats < 1:
         raise SystemExit(f"--repeats {arguments.repeats}: at least 1")
     if arguments.repeats > 1 and (named := [name for name, overrides in variants if "seed" in overrides]):

@@ -319,8 +319,13 @@ def _checkpoints(directory: Path) -> list[Path]:
     return sorted(found, key=lambda path: int(path.name.split("-")[-1]))
 
 
+def complete_checkpoints(directory: Path) -> list[Path]:
+    """The complete checkpoints, oldest first: a run killed while saving leaves a directory without
+    the trainer state (written last), which is skipped."""
+    return [path for path in _checkpoints(directory) if (path / "trainer_state.json").exists() and (path / "adapter_model.safetensors").exists()]
+
+
 def latest_checkpoint(directory: Path) -> Path | None:
-    """The newest complete checkpoint: a run killed while saving leaves a directory without the
-    trainer state (written last), which is skipped."""
-    complete = [path for path in _checkpoints(directory) if (path / "trainer_state.json").exists() and (path / "adapter_model.safetensors").exists()]
+    """The newest complete checkpoint."""
+    complete = complete_checkpoints(directory)
     return complete[-1] if complete else None

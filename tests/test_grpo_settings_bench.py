@@ -1,0 +1,33 @@
+"""``bench/grpo_settings.py`` with the tiny random model: one warm start, a variant's GRPO run from
+it, and that run scored on the validation seeds at its last step and at the earlier checkpoint it
+keeps (``save_steps``), each paired with the warm start on the same seeds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+
+def test_a_variant_is_scored_at_its_end_and_at_its_kept_earlier_checkpoint(tmp_path: Path, tiny_model: Path) -> None:
+    command = [
+        sys.executable, "bench/grpo_settings.py", "--model", str(tiny_model), "--output", str(tmp_path), "--seeds", "3",
+        "--max-new-tokens", "8", "--warm", "threads=1", "warm_start_examples=4", "warm_start_epochs=1",
+        # Guided episodes give the random model's groups variance, so every step updates.
+        "--variant", "two-steps", "threads=1", "steps=2", "save_steps=1", "groups_per_step=1", "group_size=2",
+        "resample_groups=0", "warm_guided_share=0.5", "learning_rate=0.05",
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    row = json.loads(done.stdout.splitlines()[0])
+    assert row["variant"] == "two-steps" and row["steps"] == 2 and row["paired"]["seeds"] == 3
+    # checkpoint-1 is kept beside checkpoint-2 (the run's end, scored as the run itself): scored alone
+    assert [point["step"] for point in row["along"]] == [1]
+    along = row["along"][0]["paired"]
+    assert along["seeds"] == 3 and along["after_only"] + along["before_only"] + along["both"] + along["neither"] == 3
+    assert "| two-steps | 1 |" in done.stdout and "earlier checkpoints" in done.stdout
+    # the warm start was kept: a second variant run reuses it instead of training it again
+    assert (tmp_path / "warm.json").exists() and (tmp_path / "variants" / "two-steps" / "checkpoints" / "sft+grpo" / "checkpoint-1").is_dir()
