@@ -53,7 +53,7 @@ from trainer import model as models  # noqa: E402
 from trainer.environment import Environment, load_tools  # noqa: E402
 from trainer.evaluation import paired, play  # noqa: E402
 from trainer.families import load_families  # noqa: E402
-from trainer.grpo import adapter_weights, complete_checkpoints, lora_state  # noqa: E402
+from trainer.grpo import adapter_weights, checkpoint_step, complete_checkpoints, lora_state  # noqa: E402
 from trainer.recipes import train  # noqa: E402
 from trainer.rollouts import Sampling  # noqa: E402
 
@@ -124,8 +124,7 @@ def variant(arguments: argparse.Namespace, environment: Environment, model_dir: 
     moved = math.sqrt(sum(float(((tensor.cpu() - start[name]) ** 2).sum()) for name, tensor in lora_state(trained.model).items()))
     along = []  # the run's earlier checkpoints that are kept (save_steps), scored the same way
     for checkpoint in complete_checkpoints(directory / "checkpoints" / "sft+grpo"):
-        step = int(checkpoint.name.split("-")[-1])
-        if step < len(steps):
+        if (step := checkpoint_step(checkpoint)) < len(steps):
             with adapter_weights(trained.model, load_file(str(checkpoint / "adapter_model.safetensors"))):
                 along.append({"step": step, "paired": paired(warm["success"], greedy(trained, environment, seeds, config)[1])})
     return {
@@ -152,6 +151,11 @@ def failures(warm: dict[str, Any], environment: Environment, seeds: range) -> st
     return "Warm start's failed seeds by reward: " + ("; ".join(parts) or "none") + "."
 
 
+def difference(found: dict[str, Any]) -> str:
+    """A paired comparison's difference with its 95 % interval: ``+0.12 [+0.01, +0.23]``."""
+    return f"{found['difference']:+.2f} [{found['interval'][0]:+.2f}, {found['interval'][1]:+.2f}]"
+
+
 def table(warm: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     seeds = len(warm["success"])
     lines = [
@@ -167,10 +171,10 @@ def table(warm: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {row['variant']} | {settings_text} | {row['steps']} ({row['updates']}) | {row['rollouts']} | "
             f"{', '.join(f'{kl:.3g}' for kl in row['step_kl'])} | {row['moved']:.2f} | {found['after']:.2f} | "
-            f"{found['after_only']} / {found['before_only']} | {found['difference']:+.2f} [{found['interval'][0]:+.2f}, {found['interval'][1]:+.2f}] | "
+            f"{found['after_only']} / {found['before_only']} | {difference(found)} | "
             f"{found['mcnemar_p']:.2f} | {row['mean_reward']:.2f} | {row['grpo_minutes']:.1f} |"
         )
-    along = [(row["variant"], point) for row in rows for point in row.get("along", [])]
+    along = [(row["variant"], point) for row in rows for point in row["along"]]
     if along:
         lines += ["", "The same runs at their earlier checkpoints (`save_steps`), scored on the same seeds:", "",
                   "| variant | after step | after GRPO | won / lost | paired difference [95 %] | McNemar p |", "|---|---|---|---|---|---|"]  # fmt: skip
@@ -178,7 +182,7 @@ def table(warm: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             found = point["paired"]
             lines.append(
                 f"| {name} | {point['step']} | {found['after']:.2f} | {found['after_only']} / {found['before_only']} | "
-                f"{found['difference']:+.2f} [{found['interval'][0]:+.2f}, {found['interval'][1]:+.2f}] | {found['mcnemar_p']:.2f} |"
+                f"{difference(found)} | {found['mcnemar_p']:.2f} |"
             )
     return "\n".join(lines)
 

@@ -29,5 +29,5 @@ def test_a_variant_is_scored_at_its_end_and_at_its_kept_earlier_checkpoint(tmp_p
     along = row["along"][0]["paired"]
     assert along["seeds"] == 3 and along["after_only"] + along["before_only"] + along["both"] + along["neither"] == 3
     assert "| two-steps | 1 |" in done.stdout and "earlier checkpoints" in done.stdout
-    # the warm start was kept: a second variant run reuses it instead of training it again
+    # the warm start is kept for later runs (reused when warm.json is there), and so is the checkpoint scored
     assert (tmp_path / "warm.json").exists() and (tmp_path / "variants" / "two-steps" / "checkpoints" / "sft+grpo" / "checkpoint-1").is_dir()

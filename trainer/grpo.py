@@ -314,9 +314,14 @@ def _load_checkpoint(path: Path, model: Any, optimizer: Any) -> dict[str, Any]:
     return {**state, "reference": load_file(str(path / "reference.safetensors"))}
 
 
+def checkpoint_step(path: Path) -> int:
+    """The step a ``checkpoint-N`` directory was saved after."""
+    return int(path.name.split("-")[-1])
+
+
 def _checkpoints(directory: Path) -> list[Path]:
     found = (path for path in directory.glob("checkpoint-*") if path.name.split("-")[-1].isdigit())
-    return sorted(found, key=lambda path: int(path.name.split("-")[-1]))
+    return sorted(found, key=checkpoint_step)
 
 
 def complete_checkpoints(directory: Path) -> list[Path]:
