@@ -21,9 +21,11 @@ within noise of another's at this scale; the summary is what to compare.
 After the tables it prints the warm start's failed seeds by reward and instance kind: what the
 variants have to fix.
 
-With `save_steps=K` among a variant's settings, the run's checkpoints before its last step that are
-kept (the last two) are scored too, on the same seeds: `--variant 32-steps steps=32 save_steps=16`
-gives what GRPO had added after 16 steps and after 32, in one run.
+With `save_steps=K` among a variant's settings, the run's kept checkpoints (the last two) other than
+the weights it ended on are scored too, on the same seeds: `--variant 32-steps steps=32 save_steps=16`
+gives what GRPO had added after 16 steps and after 32, in one run. With `keep_best=true` the run
+ends on the checkpoint that scored best on `[training]`'s validation seeds (disjoint from these);
+the table lists those scores and the step kept.
 
 The warm start is reused when `--output` already holds it (delete the directory to train it again).
 """
@@ -122,9 +124,11 @@ def variant(arguments: argparse.Namespace, environment: Environment, model_dir: 
     steps = trained.report["steps"]
     start = load_file(str(trial / "warm_start.safetensors"))
     moved = math.sqrt(sum(float(((tensor.cpu() - start[name]) ** 2).sum()) for name, tensor in lora_state(trained.model).items()))
-    along = []  # the run's earlier checkpoints that are kept (save_steps), scored the same way
+    chosen = trained.report["tried"][-1]
+    ended_on = chosen.get("kept_step", len(steps))  # keep_best: the step whose weights were kept
+    along = []  # the run's other checkpoints that are kept (save_steps), scored the same way
     for checkpoint in complete_checkpoints(directory / "checkpoints" / "sft+grpo"):
-        if (step := checkpoint_step(checkpoint)) < len(steps):
+        if (step := checkpoint_step(checkpoint)) != ended_on:
             with adapter_weights(trained.model, load_file(str(checkpoint / "adapter_model.safetensors"))):
                 along.append({"step": step, "paired": paired(warm["success"], greedy(trained, environment, seeds, config)[1])})
     return {
@@ -133,7 +137,8 @@ def variant(arguments: argparse.Namespace, environment: Environment, model_dir: 
         "updates": sum(step["groups"] > step["zero_variance_groups"] for step in steps), "steps": len(steps),
         "rollouts": trained.report["rollouts"], "screen_failed": [step["screen_failed"] for step in steps],
         "step_success": [step["success_rate"] for step in steps], "step_kl": [step["kl"] for step in steps],
-        "moved": round(moved, 4), "along": along,
+        "moved": round(moved, 4), "along": along, "kept_step": ended_on,
+        "checkpoints": [{key: item[key] for key in ("step", "seeds", "success_rate", "mean_reward")} for item in chosen.get("checkpoints", [])],
     }  # fmt: skip
 
 
@@ -174,9 +179,15 @@ def table(warm: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             f"{found['after_only']} / {found['before_only']} | {difference(found)} | "
             f"{found['mcnemar_p']:.2f} | {row['mean_reward']:.2f} | {row['grpo_minutes']:.1f} |"
         )
+    chose = [row for row in rows if row["checkpoints"]]
+    if chose:
+        lines += ["", "`keep_best`: the validation seeds of `[training]` (disjoint from the seeds above) by step, and the step kept:", ""]
+        for row in chose:
+            scores = ", ".join(f"{item['step']}: {item['success_rate']:.2f} ({item['mean_reward']:.2f})" for item in row["checkpoints"])
+            lines.append(f"- {row['variant']} ({row['checkpoints'][0]['seeds']} seeds, success (mean reward)): {scores}; kept step {row['kept_step']}")
     along = [(row["variant"], point) for row in rows for point in row["along"]]
     if along:
-        lines += ["", "The same runs at their earlier checkpoints (`save_steps`), scored on the same seeds:", "",
+        lines += ["", "The same runs at their other kept checkpoints (`save_steps`), scored on the same seeds:", "",
                   "| variant | after step | after GRPO | won / lost | paired difference [95 %] | McNemar p |", "|---|---|---|---|---|---|"]  # fmt: skip
         for name, point in along:
             found = point["paired"]

@@ -112,7 +112,8 @@ def seed_pipeline(directory: Path) -> None:
                 "resumed_from": None, "warm_start": None, "rollouts": 8 * STEPS, "recipe": "sft+grpo",
                 "tried": [
                     {"recipe": "sft", "validation": {"success_rate": 0.25, "mean_reward": 0.4}, "seconds": 300.0},
-                    {"recipe": "sft+grpo", "validation": {"success_rate": 0.5, "mean_reward": 0.6}, "seconds": 900.0},
+                    {"recipe": "sft+grpo", "validation": {"success_rate": 0.5, "mean_reward": 0.6}, "seconds": 900.0, "kept_step": 5,
+                     "checkpoints": [{"step": step, "seeds": 8, "success_rate": rate, "mean_reward": rate} for step, rate in ((0, 0.25), (5, 0.5), (10, 0.375))]},
                     {"recipe": "guided_grpo", "skipped": "120 s of the budget left"},
                 ],
             },
@@ -295,6 +296,8 @@ def test_pipeline_page_shows_validation_figures_a_sampled_instance_and_training_
     assert "Recipe **sft+grpo**, trained on cuda. GRPO added +0.14 [" in shown, shown
     tried = next(frame.value for frame in test.dataframe if "validation success" in frame.value.columns)
     assert list(tried["recipe"]) == ["sft", "sft+grpo", "guided_grpo"] and list(tried["validation success"])[:2] == [0.25, 0.5]
+    captions = " ".join(caption.value for caption in test.caption)
+    assert "sft+grpo: validation success after GRPO step 0: 0.25, 5: 0.50, 10: 0.38 (8 seeds); kept step 5" in captions, captions
     assert any("clipped tokens" in spec and "KL to start" in spec for spec in specs)
 
 

@@ -357,7 +357,8 @@ from daemon.core.settings import TrainingSettings
 from tests.learnable import LetterFamily
 from trainer.environment import Environment
 from trainer.recipes import train
-config = TrainingSettings(recipe="grpo", steps={STEPS}, group_size=4, groups_per_step=1, max_new_tokens=1, save_steps=1, warm_start_examples=0)
+config = TrainingSettings(recipe="grpo", steps={STEPS}, group_size=4, groups_per_step=1, max_new_tokens=1, save_steps=1, warm_start_examples=0,
+                          validation_seeds=2)
 train(Environment(LetterFamily(), [], 1), Path(sys.argv[1]), Path(sys.argv[2]), config, progress=lambda r: print(r, flush=True))
 """
 
@@ -377,13 +378,17 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(peaked: Path, tmp_path: P
     process.wait(timeout=30)
     reached = latest_checkpoint(checkpoints)
     assert reached is not None and int(reached.name.split("-")[1]) >= 3
-    config = _config(steps=STEPS, group_size=4, groups_per_step=1, save_steps=1)
+    config = _config(steps=STEPS, group_size=4, groups_per_step=1, save_steps=1, validation_seeds=2)
     report = train(LETTER, peaked, run, config).report
     assert report["resumed_from"] == reached.name
     done = int(reached.name.split("-")[1])
     assert [step["step"] for step in report["steps"]] == list(range(1, STEPS + 1))  # the history travels with the checkpoint
     assert report["rollouts"] == 4 * sum(step["groups"] for step in report["steps"]) >= STEPS * 4
     assert done < STEPS
+    # keep_best (on in both runs): every step scored once, the killed run's scores kept, one kept step
+    trial = report["tried"][0]
+    assert [item["step"] for item in trial["checkpoints"]] == list(range(STEPS + 1))
+    assert trial["kept_step"] in range(STEPS + 1)
 
 
 def test_auto_tries_each_recipe_and_keeps_the_one_that_validates_best(peaked: Path, tmp_path: Path) -> None:
@@ -405,3 +410,59 @@ def test_auto_tries_each_recipe_and_keeps_the_one_that_validates_best(peaked: Pa
     # A stopped run keeps its finished trials: running again trains nothing new.
     again = train(LETTER, peaked, tmp_path / "run", config)
     assert [item["recipe"] for item in again.report["tried"]] == list(tried) and again.report["recipe"] == "sft"
+
+
+def _scripted(rates: list[float], calls: list[int]) -> Any:
+    """A judge that returns the given validation success rates in turn and counts its calls."""
+
+    def judge() -> dict[str, Any]:
+        calls.append(1)
+        return {"seeds": 4, "success_rate": rates[len(calls) - 1], "mean_reward": rates[len(calls) - 1]}
+
+    return judge
+
+
+def test_keep_best_ends_on_the_checkpoint_that_validated_best_and_a_resumed_run_keeps_the_scores(peaked: Path, tmp_path: Path) -> None:
+    config = _config(steps=3, group_size=4, groups_per_step=2, save_steps=1, learning_rate=5e-2)
+    model, tokenizer = _policy_with_a_nonzero_adapter(peaked, config)
+    weights: dict[int, dict[str, Any]] = {0: lora_state(model)}
+    calls: list[int] = []
+
+    def remember(record: dict[str, Any]) -> None:
+        weights[record["step"]] = lora_state(model)
+
+    # Steps 0-3 score 0.50, 0.75, 0.50, 0.75: step 1 is best, and step 3 only ties it, so step 1 stays.
+    report = grpo(model, tokenizer, LETTER, config, tmp_path / "run", remember, judge=_scripted([0.5, 0.75, 0.5, 0.75], calls))
+    assert len(calls) == 4 and [item["step"] for item in report["checkpoints"]] == [0, 1, 2, 3]
+    assert report["kept_step"] == 1
+    assert [step["validation"]["best_step"] for step in report["steps"]] == [1, 1, 1]
+    assert any((weights[3][name] - weights[1][name]).abs().max() > 0 for name in weights[1])  # the steps moved the weights
+    for name, tensor in lora_state(model).items():
+        torch.testing.assert_close(tensor, weights[1][name], msg=name)  # ...and the run ended on step 1's
+    assert [path.name for path in (tmp_path / "run").glob("best-*.safetensors")] == ["best-1.safetensors"]
+
+    # Two more steps resume from checkpoint-3: the four scores so far are kept, only steps 4 and 5
+    # are scored, and step 5 beats step 1.
+    config = _config(steps=5, group_size=4, groups_per_step=2, save_steps=1, learning_rate=5e-2)
+    calls.clear()
+    report = grpo(model, tokenizer, LETTER, config, tmp_path / "run", remember, judge=_scripted([0.25, 1.0], calls))
+    assert report["resumed_from"] == "checkpoint-3" and len(calls) == 2
+    assert [(item["step"], item["success_rate"]) for item in report["checkpoints"]] == [(0, 0.5), (1, 0.75), (2, 0.5), (3, 0.75), (4, 0.25), (5, 1.0)]
+    assert report["kept_step"] == 5
+    for name, tensor in lora_state(model).items():
+        torch.testing.assert_close(tensor, weights[5][name], msg=name)
+
+
+def test_keep_best_scores_on_the_validation_seeds_and_auto_takes_the_kept_score(peaked: Path, tmp_path: Path) -> None:
+    # Real validation scoring of the letter environment: the trial lists every scored step, the
+    # score kept is the recipe's validation score, and without keep_best GRPO scores nothing.
+    config = _config(recipe="auto", steps=2, group_size=4, groups_per_step=1, save_steps=1, validation_seeds=6)
+    tried = train(LETTER, peaked, tmp_path / "best", config).report["tried"]
+    assert [item["recipe"] for item in tried] == ["guided_grpo", "grpo"]  # no warm start: the GRPO recipes only
+    trial = tried[0]
+    assert [item["step"] for item in trial["checkpoints"]] == [0, 1, 2] and all(item["seeds"] == 6 for item in trial["checkpoints"])
+    kept = next(item for item in trial["checkpoints"] if item["step"] == trial["kept_step"])
+    assert max(item["success_rate"] for item in trial["checkpoints"]) == kept["success_rate"]
+    assert trial["validation"] == {key: value for key, value in kept.items() if key != "step"}
+    plain = train(LETTER, peaked, tmp_path / "last", _config(steps=2, group_size=4, groups_per_step=1, save_steps=1, keep_best=False)).report
+    assert "checkpoints" not in plain["tried"][0] and "kept_step" not in plain["tried"][0]

@@ -278,7 +278,12 @@ def test_tracefix_train_runs_one_in_the_foreground_on_a_tools_file(tmp_path: Pat
     lines = told.stdout.splitlines()
     kept, _, where = next(line for line in lines if line.startswith("recipe: ")).removeprefix("recipe: ").partition(" ")
     assert kept in ("sft", "sft+grpo", "guided_grpo", "grpo") and where == "(trained on cpu)"
-    assert [line.split(":")[0].strip() for line in lines if "validation success" in line] == ["sft", "sft+grpo", "guided_grpo", "grpo"]
+    scored = [line.split(":")[0].strip() for line in lines if "validation success" in line and "after GRPO step" not in line]
+    assert scored == ["sft", "sft+grpo", "guided_grpo", "grpo"]
+    # keep_best (the default): each recipe with GRPO scored its start and its one step, and kept one
+    chosen = [line.strip() for line in lines if "after GRPO step" in line]
+    assert [line.split(":")[0] for line in chosen] == ["sft+grpo", "guided_grpo", "grpo"]
+    assert all(" step 0: " in line and ", 1: " in line and "(2 seeds); kept step " in line for line in chosen), chosen
     assert any(line.startswith("GRPO added") for line in lines) == (kept == "sft+grpo")
 
 
@@ -297,6 +302,8 @@ def test_a_runs_progress_is_told_by_its_phase() -> None:
     assert progress_text(evaluation) == "evaluating (tool_call_precision: base), 5 s into the evaluation"
     passes = {**step, "phase": "grpo", "clip_fraction_max": 0.125, "kl": 0.0031}
     assert progress_text(passes) == "GRPO step 2/4, reward 0.25, clipped 12%, KL 0.0031, 10 s"
+    scored = {**passes, "validation": {"success_rate": 0.625, "mean_reward": 0.7, "best_step": 0}}
+    assert progress_text(scored) == "GRPO step 2/4, reward 0.25, clipped 12%, KL 0.0031, validation 0.62 (best: step 0), 10 s"
     trying = {"phase": "recipe", "recipe": "guided_grpo", "elapsed_s": 30.0}
     assert progress_text(trying) == "trying recipe guided_grpo, 30 s"
     assert progress_text({**trying, "validation": {"success_rate": 0.375}}) == "recipe guided_grpo: validation success 0.38, 30 s"

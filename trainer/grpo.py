@@ -19,6 +19,12 @@ TRL still runs the supervised warm start (``trainer.recipes``).
 Checkpoints (``checkpoint-N``: adapter weights, optimiser state, the reference adapter, the step
 history, ``trainer_state.json`` written last) let a killed run resume where it was; seeds and
 sampling depend only on the step, so a resumed run takes the rollouts the killed one would have.
+
+Given a ``judge`` (a validation score of the model's current weights), the run scores its starting
+weights and each checkpoint and ends on the best of them, a later one only when it scores higher
+(TRL's ``load_best_model_at_end``): the gain of a long run peaks and can be given back as its
+training seeds stop showing failures. The best weights so far and every score are kept beside the
+checkpoints (``best-N.safetensors``, then ``best.json``), so a resumed run chooses among all of them.
 """
 
 from __future__ import annotations
@@ -37,12 +43,14 @@ from typing import Any
 
 from daemon.core.settings import TrainingSettings
 from trainer.environment import Environment
+from trainer.jobs import write_atomically
 from trainer.policy_loss import Completion, LossStats, group_backward, group_logprobs
 from trainer.rollouts import Sampling, TokenRollout, generate_rollouts
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[dict[str, Any]], None]
+Judge = Callable[[], dict[str, Any]]  # the current weights' validation score: success_rate, mean_reward, …
 KEEP_CHECKPOINTS = 2
 NO_UPDATE = {"loss": 0.0, "clip_fraction": 0.0, "ratio_mean": 1.0, "kl": 0.0, "grad_norm": 0.0, "clip_fraction_max": 0.0}
 
@@ -241,10 +249,13 @@ def grpo(
     progress: Progress | None = None,
     guided_share: float = 0.0,
     phase: str = "grpo",
+    judge: Judge | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` (a PEFT model) for ``config.steps`` GRPO steps, checkpointing into
     ``directory`` and resuming from its newest checkpoint. Returns the report: where it resumed
-    from, the step records and the number of rollouts."""
+    from, the step records and the number of rollouts; with ``judge``, also every scored step's
+    validation score (``checkpoints``) and the step whose weights the model ends with
+    (``kept_step``)."""
     import torch
 
     optimizer = make_optimizer(model, config)
@@ -255,6 +266,9 @@ def grpo(
     if resume is not None:
         state = _load_checkpoint(resume, model, optimizer)
         reference, history, rollouts_taken, start = state["reference"], state["history"], state["rollouts"], state["step"]
+    best = BestCheckpoint(directory, judge, start) if judge else None
+    if best and best.scored(start) is None:  # the starting weights (or a checkpoint saved before its score was)
+        best.consider(model, start)
     started = time.monotonic()
     for step in range(start, config.steps):
         candidates, screen_failed = hardest_first(model, tokenizer, environment, config, step_seeds(config, step))
@@ -279,11 +293,73 @@ def grpo(
             "policy_tokens": stats.policy_tokens, "elapsed_s": round(time.monotonic() - started, 1),
         }  # fmt: skip
         history.append(record)
-        if progress:
-            progress(record)
         if (step + 1) % config.save_steps == 0 or step + 1 == config.steps:
             _save_checkpoint(directory, step + 1, model, optimizer, reference, history, rollouts_taken)
-    return {"resumed_from": resume.name if resume else None, "steps": history, "rollouts": rollouts_taken}
+            if best:
+                found = best.consider(model, step + 1)
+                record["validation"] = {"success_rate": found["success_rate"], "mean_reward": found["mean_reward"], "best_step": best.step}
+        if progress:
+            progress(record)
+    report = {"resumed_from": resume.name if resume else None, "steps": history, "rollouts": rollouts_taken}
+    if best:
+        best.restore(model)
+        report.update(checkpoints=best.scores, kept_step=best.step)
+    return report
+
+
+class BestCheckpoint:
+    """The best-scoring weights of a GRPO run so far, by its ``judge``, kept in ``directory``:
+    ``best-N.safetensors`` for step N, then ``best.json`` with its step and every score, replaced
+    atomically and last (a stop between the two leaves the earlier pair in force). Scores are
+    (success rate, mean reward), compared in that order; a later step replaces the best only when
+    it scores higher."""
+
+    def __init__(self, directory: Path, judge: Judge, start: int) -> None:
+        self.directory, self.judge = directory, judge
+        self.scores: list[dict[str, Any]] = []
+        self.step: int | None = None
+        path = directory / "best.json"
+        if path.exists():  # a resumed run: the scores up to the checkpoint it resumes from
+            kept = json.loads(path.read_text())
+            self.scores = [item for item in kept["scores"] if item["step"] <= start]
+            self.step = kept["step"] if kept["step"] <= start else None
+
+    def scored(self, step: int) -> dict[str, Any] | None:
+        return next((item for item in self.scores if item["step"] == step), None)
+
+    @property
+    def best(self) -> dict[str, Any] | None:
+        return self.scored(self.step) if self.step is not None else None
+
+    def consider(self, model: Any, step: int) -> dict[str, Any]:
+        """Score the model's weights after ``step`` steps; keep them if they beat the best so far."""
+        from safetensors.torch import save_file
+
+        found = {"step": step, **self.judge()}
+        self.scores = [item for item in self.scores if item["step"] != step] + [found]
+        if self.best is None or _rank(found) > _rank(self.best):
+            self.step = step
+            self.directory.mkdir(parents=True, exist_ok=True)
+            save_file({name: tensor.contiguous() for name, tensor in lora_state(model).items()}, str(self._weights(step)))
+        write_atomically(self.directory / "best.json", {"step": self.step, "scores": self.scores})
+        for old in self.directory.glob("best-*.safetensors"):
+            if old != self._weights(self.step):
+                old.unlink(missing_ok=True)
+        return found
+
+    def restore(self, model: Any) -> None:
+        """Put the best weights into ``model``."""
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(model, load_file(str(self._weights(self.step))))
+
+    def _weights(self, step: int | None) -> Path:
+        return self.directory / f"best-{step}.safetensors"
+
+
+def _rank(score: dict[str, Any]) -> tuple[float, float]:
+    return score["success_rate"], score["mean_reward"]
 
 
 def _save_checkpoint(

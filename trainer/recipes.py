@@ -8,6 +8,9 @@
   prefix of the solution (a weak base earns reward this way where plain GRPO earns none);
 - ``grpo``: plain GRPO from the base, the paper's "GRPO on target" baseline.
 
+With ``keep_best``, a recipe's GRPO ends on whichever of its starting weights and checkpoints
+scored best on the validation seeds (``trainer.grpo``); the trial lists those scores.
+
 ``recipe = "auto"`` tries those the configuration allows, cheapest first, scores each on the
 validation seeds (disjoint from the held-out and the training seeds), and keeps the best; a recipe
 is skipped when the time left in the run's budget (half of ``timeout_s``; evaluation needs the
@@ -198,13 +201,16 @@ def train(environment: Environment, model_dir: Path, directory: Path, config: Tr
         if "grpo" in recipe:
             guided = {"guided_grpo": config.guided_share, "sft+grpo": config.warm_guided_share}.get(recipe, 0.0)
             checkpoints = directory / "checkpoints" / recipe
-            grpo_report = grpo(model, tokenizer, environment, config, checkpoints, progress, guided)
+            judge = (lambda: validation_score(model, tokenizer, environment, config)) if config.keep_best else None
+            grpo_report = grpo(model, tokenizer, environment, config, checkpoints, progress, guided, judge=judge)
             last = latest_checkpoint(checkpoints)
             (trial_dir / "grpo.json").parent.mkdir(parents=True, exist_ok=True)
             (trial_dir / "grpo.json").write_text(json.dumps({**grpo_report, "checkpoint": last.name if last else None}))
             trial["rollouts"] = grpo_report["rollouts"]
+            if judge:  # every scored step and the one kept; its score is the trial's validation score
+                trial["checkpoints"], trial["kept_step"] = grpo_report["checkpoints"], grpo_report["kept_step"]
         if auto:
-            trial["validation"] = validation_score(model, tokenizer, environment, config)
+            trial["validation"] = _kept_score(trial) or validation_score(model, tokenizer, environment, config)
         trial["seconds"] = round(time.monotonic() - trial_started, 1)
         kept[recipe] = lora_state(model)
         _save_state(trial_dir, "trial", model, trial)
@@ -220,6 +226,12 @@ def train(environment: Environment, model_dir: Path, directory: Path, config: Tr
         "resumed_from": grpo_report["resumed_from"],
     }  # fmt: skip
     return Trained(model, tokenizer, report, kept.get("sft") if chosen == "sft+grpo" else None)
+
+
+def _kept_score(trial: dict[str, Any]) -> dict[str, Any] | None:
+    """The validation score of the weights a trial's GRPO ended on (keep_best), without its step."""
+    kept = next((item for item in trial.get("checkpoints", []) if item["step"] == trial["kept_step"]), None)
+    return {key: value for key, value in kept.items() if key != "step"} if kept else None
 
 
 def _best(tried: list[dict[str, Any]]) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import click
 import orjson
 
-from daemon.core.progress import grpo_added_text, progress_text
+from daemon.core.progress import checkpoints_text, grpo_added_text, progress_text
 from daemon.core.settings import RECIPES, ConfigError, Settings, load_settings
 
 config_option = click.option(
@@ -682,6 +682,8 @@ def train(
     for trial in result["training"]["tried"]:
         if "validation" in trial:
             click.echo(f"  {trial['recipe']}: validation success {trial['validation']['success_rate']:.2f}")
+        if chosen := checkpoints_text(trial):
+            click.echo(f"  {chosen}")
     if added := grpo_added_text(result["evaluation"].get("grpo_added")):
         click.echo(added)
     click.echo(f"adapter: {result['adapter']}" if result["adapter"] else "no adapter saved")

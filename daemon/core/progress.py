@@ -17,7 +17,7 @@ def grpo_steps(progress: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def progress_text(record: dict[str, Any], steps: int | None = None) -> str:
     """Where a run stands, from its latest progress record: the warm start's update and loss, the
-    GRPO step and reward, or the part of the held-out evaluation being scored."""
+    GRPO step and reward (and its checkpoint's validation score, with keep_best), or the part of the held-out evaluation being scored."""
     elapsed = f"{record.get('elapsed_s') or 0:.0f} s"
     phase = record.get("phase", "grpo")
     if phase == "warm_start":
@@ -33,7 +33,9 @@ def progress_text(record: dict[str, Any], steps: int | None = None) -> str:
     reward_text = "n/a" if reward is None else f"{reward:.2f}"
     clip = record.get("clip_fraction_max")
     clip_text = "" if clip is None else f", clipped {clip:.0%}, KL {record.get('kl', 0):.4f}"
-    return f"GRPO step {record.get('step', 0)}/{record.get('max_steps') or steps or '?'}, reward {reward_text}{clip_text}, {elapsed}"
+    validation = record.get("validation")  # keep_best scored this step's checkpoint
+    best_text = "" if validation is None else f", validation {validation['success_rate']:.2f} (best: step {validation['best_step']})"
+    return f"GRPO step {record.get('step', 0)}/{record.get('max_steps') or steps or '?'}, reward {reward_text}{clip_text}{best_text}, {elapsed}"
 
 
 def read_progress(directory: str) -> list[dict[str, Any]]:
@@ -64,3 +66,13 @@ def grpo_added_text(added: dict[str, Any] | None) -> str | None:
         f"({added['before']:.2f} → {added['after']:.2f} on the same {added['seeds']} seeds: {added['after_only']} won, "
         f"{added['before_only']} lost; McNemar p {added['mcnemar_p']:.2f})"
     )
+
+
+def checkpoints_text(trial: dict[str, Any]) -> str | None:
+    """How ``keep_best`` scored a recipe's GRPO checkpoints on the validation seeds and which it kept,
+    in words; None when the trial scored none."""
+    scores = trial.get("checkpoints")
+    if not scores:
+        return None
+    listed = ", ".join(f"{item['step']}: {item['success_rate']:.2f}" for item in scores)
+    return f"{trial['recipe']}: validation success after GRPO step {listed} ({scores[0]['seeds']} seeds); kept step {trial['kept_step']}"

@@ -353,12 +353,19 @@ class TrainingSettings(Section):
     warm_start_batch: int = Field(2, ge=1, description="Demonstrations per warm-start update: one batch, their common opening run once.")
     warm_start_learning_rate: float = Field(1e-3, gt=0, description="Learning rate of the warm start (a few dozen demonstrations make a few dozen updates).")
     validation_seeds: int = Field(
-        8, ge=1, description="recipe 'auto': seeds the recipes are compared on, disjoint from the held-out and training seeds."
+        8, ge=1,
+        description="Seeds 'auto' compares recipes on and keep_best compares GRPO's checkpoints on, disjoint from the"
+        " held-out and training seeds.",
     )
     train_seed_offset: int = Field(
         100_000, ge=1, description="First training seed; held-out evaluation and validation seeds lie below it."
     )
     save_steps: int = Field(5, ge=1, description="Checkpoint every this many steps; a killed run resumes from the last one.")
+    keep_best: bool = Field(
+        True,
+        description="GRPO scores its starting weights and every checkpoint greedy on the validation seeds and ends on the"
+        " best (a later one must score higher), as TRL's load_best_model_at_end; false = the last step's weights.",
+    )
     eval_seeds: int = Field(50, ge=1, description="Held-out seeds (disjoint from training's) for base vs adapter.")
     eval_margin: float = Field(0.2, ge=0, le=1, description="An adapter is a candidate only when its success rate beats the base's by this.")
     eval_interference: bool = Field(True, description="Also score the other built-in environments, to catch interference.")
@@ -394,7 +401,8 @@ class TrainingSettings(Section):
 
     @property
     def validation_range(self) -> range:
-        """The seeds 'auto' compares recipes on: below the warm start's, above the held-out ones."""
+        """The seeds 'auto' compares recipes and keep_best GRPO's checkpoints on: below the warm
+        start's, above the held-out ones."""
         end = self.train_seed_offset - self.warm_start_examples
         return range(end - self.validation_seeds, end)
 

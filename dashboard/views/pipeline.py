@@ -13,7 +13,7 @@ import streamlit as st
 from dashboard import charts, conversation
 from dashboard.page import PageContext, rate, show
 from daemon.app.client import ApiError
-from daemon.core.progress import grpo_added_text, grpo_steps, progress_text
+from daemon.core.progress import checkpoints_text, grpo_added_text, grpo_steps, progress_text
 
 
 def environment_table(items: list[Mapping[str, Any]]) -> pd.DataFrame:
@@ -212,6 +212,9 @@ def render_run(run: Mapping[str, Any]) -> None:
         if tried:
             st.caption("Recipes tried on the validation seeds (the best is kept)")
             st.dataframe(pd.DataFrame([recipe_row(item) for item in tried]), hide_index=True)
+        for trial in training.get("tried") or []:
+            if chosen := checkpoints_text(trial):
+                st.caption(f"GRPO's checkpoints on the validation seeds (keep_best): {chosen}")
 
 
 def render_runs(context: PageContext) -> None:
