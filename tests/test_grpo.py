@@ -427,15 +427,21 @@ def test_keep_best_ends_on_the_checkpoint_that_validated_best_and_a_resumed_run_
     model, tokenizer = _policy_with_a_nonzero_adapter(peaked, config)
     weights: dict[int, dict[str, Any]] = {0: lora_state(model)}
     calls: list[int] = []
+    told: list[dict[str, Any]] = []
 
     def remember(record: dict[str, Any]) -> None:
-        weights[record["step"]] = lora_state(model)
+        if record["phase"] == "grpo":
+            weights[record["step"]] = lora_state(model)
+        else:
+            told.append(record)
 
     # Steps 0-3 score 0.50, 0.75, 0.50, 0.75: step 1 is best, and step 3 only ties it, so step 1 stays.
     report = grpo(model, tokenizer, LETTER, config, tmp_path / "run", remember, judge=_scripted([0.5, 0.75, 0.5, 0.75], calls))
     assert len(calls) == 4 and [item["step"] for item in report["checkpoints"]] == [0, 1, 2, 3]
     assert report["kept_step"] == 1
-    assert [step["validation"]["best_step"] for step in report["steps"]] == [1, 1, 1]
+    # each score is told as it is made: the step, its score and the best step so far
+    assert [(item["phase"], item["step"], item["success_rate"], item["best_step"]) for item in told] == [
+        ("checkpoint", 0, 0.5, 0), ("checkpoint", 1, 0.75, 1), ("checkpoint", 2, 0.5, 1), ("checkpoint", 3, 0.75, 1)]
     assert any((weights[3][name] - weights[1][name]).abs().max() > 0 for name in weights[1])  # the steps moved the weights
     for name, tensor in lora_state(model).items():
         torch.testing.assert_close(tensor, weights[1][name], msg=name)  # ...and the run ended on step 1's

@@ -64,15 +64,18 @@ def test_a_planted_gap_ends_as_a_verified_candidate_adapter_with_no_manual_step(
     assert run["config"]["warm_start_examples"] == 2 and run["result"]["training"]["warm_start"]["examples"] == 2
     assert run["result"]["training"]["warm_start"]["updates"] == 2  # one demonstration per update, as configured
     assert run["result"]["training"]["recipe"] == "sft+grpo"  # a warm start, then GRPO steps
-    # Progress in order: each warm-start update, the GRPO step, then each part of the evaluation.
+    # Progress in order: each warm-start update, keep_best's score of the warm start, the GRPO step
+    # and its checkpoint's score, then each part of the evaluation.
     phases = [record.get("phase") for record in run["progress"]]
-    assert phases == ["warm_start", "warm_start", "grpo", "evaluation", "evaluation", "evaluation", "evaluation"], run["progress"]
+    assert phases == ["warm_start", "warm_start", "checkpoint", "grpo", "checkpoint", *["evaluation"] * 4], run["progress"]
     assert [(record["step"], record["max_steps"]) for record in run["progress"][:2]] == [(1, 2), (2, 2)]
     assert all(record["loss"] >= 0 for record in run["progress"][:2])
-    assert run["progress"][2]["step"] == 1
-    assert {"mean_reward", "success_rate", "zero_variance_groups", "loss", "elapsed_s"} <= set(run["progress"][2])
+    assert run["progress"][3]["step"] == 1
+    assert {"mean_reward", "success_rate", "zero_variance_groups", "loss", "elapsed_s"} <= set(run["progress"][3])
+    assert [record["step"] for record in run["progress"][2:5:2]] == [0, 1]
+    assert run["progress"][4]["best_step"] == run["result"]["training"]["tried"][0]["kept_step"]
     cases = run["result"]["evaluation"]["replay"]["cases"]
-    assert [record["part"] for record in run["progress"][3:]] == [
+    assert [record["part"] for record in run["progress"][5:]] == [
         "precondition_verification: base", "precondition_verification: adapter",
         "precondition_verification: warm start alone", f"replay of {cases} failed openings",
     ]  # fmt: skip
@@ -302,9 +305,9 @@ def test_a_runs_progress_is_told_by_its_phase() -> None:
     assert progress_text(evaluation) == "evaluating (tool_call_precision: base), 5 s into the evaluation"
     passes = {**step, "phase": "grpo", "clip_fraction_max": 0.125, "kl": 0.0031}
     assert progress_text(passes) == "GRPO step 2/4, reward 0.25, clipped 12%, KL 0.0031, 10 s"
-    scored = {**passes, "validation": {"success_rate": 0.625, "mean_reward": 0.7, "best_step": 0}}
-    assert progress_text(scored) == "GRPO step 2/4, reward 0.25, clipped 12%, KL 0.0031, validation 0.62 (best: step 0), 10 s"
+    scored = {"phase": "checkpoint", "step": 5, "max_steps": 30, "success_rate": 0.625, "mean_reward": 0.7, "best_step": 0, "elapsed_s": 70.0}
+    assert progress_text(scored) == "GRPO checkpoint after step 5: validation success 0.62 (best so far: step 0), 70 s"
     trying = {"phase": "recipe", "recipe": "guided_grpo", "elapsed_s": 30.0}
     assert progress_text(trying) == "trying recipe guided_grpo, 30 s"
     assert progress_text({**trying, "validation": {"success_rate": 0.375}}) == "recipe guided_grpo: validation success 0.38, 30 s"
-    assert grpo_steps([warm, step, {**step, "phase": "grpo", "step": 3}, evaluation]) == [step, {**step, "phase": "grpo", "step": 3}]
+    assert grpo_steps([warm, step, scored, {**step, "phase": "grpo", "step": 3}, evaluation]) == [step, {**step, "phase": "grpo", "step": 3}]

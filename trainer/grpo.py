@@ -254,8 +254,8 @@ def grpo(
     """Train ``model`` (a PEFT model) for ``config.steps`` GRPO steps, checkpointing into
     ``directory`` and resuming from its newest checkpoint. Returns the report: where it resumed
     from, the step records and the number of rollouts; with ``judge``, also every scored step's
-    validation score (``checkpoints``) and the step whose weights the model ends with
-    (``kept_step``)."""
+    validation score (``checkpoints``, each also reported to ``progress`` as a record of phase
+    ``checkpoint``) and the step whose weights the model ends with (``kept_step``)."""
     import torch
 
     optimizer = make_optimizer(model, config)
@@ -266,10 +266,20 @@ def grpo(
     if resume is not None:
         state = _load_checkpoint(resume, model, optimizer)
         reference, history, rollouts_taken, start = state["reference"], state["history"], state["rollouts"], state["step"]
-    best = BestCheckpoint(directory, judge, start) if judge else None
-    if best and best.scored(start) is None:  # the starting weights (or a checkpoint saved before its score was)
-        best.consider(model, start)
     started = time.monotonic()
+    best = BestCheckpoint(directory, judge, start) if judge else None
+
+    def judged(step: int) -> None:  # keep_best scores the weights after `step` steps
+        assert best is not None
+        found = best.consider(model, step)
+        if progress:
+            progress({
+                "phase": "checkpoint", "step": step, "max_steps": config.steps, "success_rate": found["success_rate"],
+                "mean_reward": found["mean_reward"], "best_step": best.step, "elapsed_s": round(time.monotonic() - started, 1),
+            })  # fmt: skip
+
+    if best and best.scored(start) is None:  # the starting weights (or a checkpoint saved before its score was)
+        judged(start)
     for step in range(start, config.steps):
         candidates, screen_failed = hardest_first(model, tokenizer, environment, config, step_seeds(config, step))
         rollouts, resampled = draw_rollouts(model, tokenizer, environment, config, step, guided_share, candidates)
@@ -293,13 +303,12 @@ def grpo(
             "policy_tokens": stats.policy_tokens, "elapsed_s": round(time.monotonic() - started, 1),
         }  # fmt: skip
         history.append(record)
+        if progress:
+            progress(record)
         if (step + 1) % config.save_steps == 0 or step + 1 == config.steps:
             _save_checkpoint(directory, step + 1, model, optimizer, reference, history, rollouts_taken)
             if best:
-                found = best.consider(model, step + 1)
-                record["validation"] = {"success_rate": found["success_rate"], "mean_reward": found["mean_reward"], "best_step": best.step}
-        if progress:
-            progress(record)
+                judged(step + 1)
     report = {"resumed_from": resume.name if resume else None, "steps": history, "rollouts": rollouts_taken}
     if best:
         best.restore(model)

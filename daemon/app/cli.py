@@ -657,6 +657,8 @@ def train(
                 bar.update(task, description=f"evaluating {capability}", status=record["part"])
             elif phase == "recipe":
                 bar.update(task, description=f"recipe {record['recipe']}", status=progress_text(record))
+            elif phase == "checkpoint":
+                bar.update(task, status=progress_text(record))
             else:
                 status = (f"reward {record['mean_reward']:.2f}  success {record['success_rate']:.0%}  "
                           f"zero-variance groups {record['zero_variance_groups']}/{record['groups']}  loss {record['loss']:.4f}")  # fmt: skip

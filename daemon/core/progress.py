@@ -17,13 +17,18 @@ def grpo_steps(progress: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def progress_text(record: dict[str, Any], steps: int | None = None) -> str:
     """Where a run stands, from its latest progress record: the warm start's update and loss, the
-    GRPO step and reward (and its checkpoint's validation score, with keep_best), or the part of the held-out evaluation being scored."""
+    GRPO step and reward, a checkpoint's validation score (keep_best), or the part of the held-out evaluation being scored."""
     elapsed = f"{record.get('elapsed_s') or 0:.0f} s"
     phase = record.get("phase", "grpo")
     if phase == "warm_start":
         return f"warm start, update {record.get('step', 0)}/{record.get('max_steps', '?')}, loss {record.get('loss', 0):.3f}, {elapsed}"
     if phase == "evaluation":
         return f"evaluating ({record.get('part', '')}), {elapsed} into the evaluation"
+    if phase == "checkpoint":
+        return (
+            f"GRPO checkpoint after step {record.get('step', 0)}: validation success {record.get('success_rate', 0):.2f}"
+            f" (best so far: step {record.get('best_step')}), {elapsed}"
+        )
     if phase == "recipe":
         validation = record.get("validation")
         if validation is None:
@@ -33,9 +38,7 @@ def progress_text(record: dict[str, Any], steps: int | None = None) -> str:
     reward_text = "n/a" if reward is None else f"{reward:.2f}"
     clip = record.get("clip_fraction_max")
     clip_text = "" if clip is None else f", clipped {clip:.0%}, KL {record.get('kl', 0):.4f}"
-    validation = record.get("validation")  # keep_best scored this step's checkpoint
-    best_text = "" if validation is None else f", validation {validation['success_rate']:.2f} (best: step {validation['best_step']})"
-    return f"GRPO step {record.get('step', 0)}/{record.get('max_steps') or steps or '?'}, reward {reward_text}{clip_text}{best_text}, {elapsed}"
+    return f"GRPO step {record.get('step', 0)}/{record.get('max_steps') or steps or '?'}, reward {reward_text}{clip_text}, {elapsed}"
 
 
 def read_progress(directory: str) -> list[dict[str, Any]]:
