@@ -346,7 +346,7 @@ class BestCheckpoint:
 
         found = {"step": step, **self.judge()}
         self.scores = [item for item in self.scores if item["step"] != step] + [found]
-        if self.best is None or _rank(found) > _rank(self.best):
+        if self.best is None or validation_rank(found) > validation_rank(self.best):
             self.step = step
             self.directory.mkdir(parents=True, exist_ok=True)
             save_file({name: tensor.contiguous() for name, tensor in lora_state(model).items()}, str(self._weights(step)))
@@ -367,7 +367,8 @@ class BestCheckpoint:
         return self.directory / f"best-{step}.safetensors"
 
 
-def _rank(score: dict[str, Any]) -> tuple[float, float]:
+def validation_rank(score: dict[str, Any]) -> tuple[float, float]:
+    """How validation scores compare (checkpoints here, recipes under 'auto'): success rate, then mean reward."""
     return score["success_rate"], score["mean_reward"]
 
 

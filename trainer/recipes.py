@@ -34,7 +34,7 @@ from transformers import PrinterCallback, TrainerCallback
 
 from daemon.core.settings import TrainingSettings
 from trainer.environment import Environment
-from trainer.grpo import grpo, latest_checkpoint, lora_state
+from trainer.grpo import grpo, latest_checkpoint, lora_state, validation_rank
 from trainer.model import training_device
 from trainer.rollouts import Sampling, demonstration
 
@@ -237,7 +237,7 @@ def _kept_score(trial: dict[str, Any]) -> dict[str, Any] | None:
 def _best(tried: list[dict[str, Any]]) -> str:
     """The recipe with the highest validation success (then mean reward); the cheaper on a tie."""
     scored = [item for item in tried if "validation" in item]
-    top = max(scored, key=lambda item: (item["validation"]["success_rate"], item["validation"]["mean_reward"]))
+    top = max(scored, key=lambda item: validation_rank(item["validation"]))
     return top["recipe"]
 
 

@@ -17,7 +17,8 @@ def grpo_steps(progress: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def progress_text(record: dict[str, Any], steps: int | None = None) -> str:
     """Where a run stands, from its latest progress record: the warm start's update and loss, the
-    GRPO step and reward, a checkpoint's validation score (keep_best), or the part of the held-out evaluation being scored."""
+    GRPO step and reward, a checkpoint's validation score (keep_best), or the part of the held-out
+    evaluation being scored."""
     elapsed = f"{record.get('elapsed_s') or 0:.0f} s"
     phase = record.get("phase", "grpo")
     if phase == "warm_start":
