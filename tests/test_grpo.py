@@ -29,6 +29,7 @@ from trainer.grpo import (
     _groups, advantages, draw_rollouts, group_advantages, group_stats, grpo, hardest_first, latest_checkpoint, make_optimizer, optimise, step_seeds,
     take_rollouts,
 )
+from trainer import recipes
 from trainer.recipes import load_policy, lora_state, train
 from trainer.rollouts import ChatTokens, Sampling, demonstration, generate_rollouts
 
@@ -391,7 +392,7 @@ def test_a_killed_run_resumes_from_its_last_checkpoint(peaked: Path, tmp_path: P
     assert trial["kept_step"] in range(STEPS + 1)
 
 
-def test_auto_tries_each_recipe_and_keeps_the_one_that_validates_best(peaked: Path, tmp_path: Path) -> None:
+def test_auto_tries_each_recipe_and_keeps_the_one_that_validates_best(peaked: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The warm start learns the letter outright; GRPO at a learning rate this small cannot move, so
     # the GRPO-only recipes stay where the base is, and sft+grpo ties with sft (the cheaper is kept).
     config = _config(
@@ -399,9 +400,22 @@ def test_auto_tries_each_recipe_and_keeps_the_one_that_validates_best(peaked: Pa
         warm_start_epochs=3, warm_start_learning_rate=5e-2, warm_start_batch=4, validation_seeds=24,
     )  # fmt: skip
     progress: list[dict[str, object]] = []
+    scorings: list[int] = []
+    real_score = recipes.validation_score
+
+    def counted(*args: Any) -> dict[str, Any]:
+        scorings.append(1)
+        return real_score(*args)
+
+    monkeypatch.setattr(recipes, "validation_score", counted)
     trained = train(LETTER, peaked, tmp_path / "run", config, progress.append)
     tried = {item["recipe"]: item for item in trained.report["tried"]}
     assert list(tried) == ["sft", "sft+grpo", "guided_grpo", "grpo"]
+    # keep_best (the default): sft+grpo starts from the sft trial's weights and takes its score as
+    # step 0's; the validation seeds are played once for sft, once for sft+grpo's step, twice for
+    # each GRPO-only recipe (its start and its step).
+    assert tried["sft+grpo"]["checkpoints"][0] == {"step": 0, **tried["sft"]["validation"]}
+    assert len(scorings) == 1 + 1 + 2 + 2
     scores = {recipe: item["validation"]["success_rate"] for recipe, item in tried.items()}
     assert scores["sft"] >= scores["grpo"] + 0.3, scores
     assert trained.report["recipe"] == "sft" and trained.report["warm_start"]["examples"] == 16
@@ -457,6 +471,28 @@ def test_keep_best_ends_on_the_checkpoint_that_validated_best_and_a_resumed_run_
     assert report["kept_step"] == 5
     for name, tensor in lora_state(model).items():
         torch.testing.assert_close(tensor, weights[5][name], msg=name)
+
+
+def test_keep_best_takes_a_known_score_of_the_starting_weights_and_a_resumed_run_does_not(peaked: Path, tmp_path: Path) -> None:
+    # The starting weights' score, when the caller has it (auto's sft trial), is step 0's: only the
+    # steps are judged, and the run still ends on the best of all of them.
+    config = _config(steps=2, group_size=4, groups_per_step=2, save_steps=1, learning_rate=5e-2)
+    model, tokenizer = _policy_with_a_nonzero_adapter(peaked, config)
+    start = lora_state(model)
+    calls: list[int] = []
+    known = {"seeds": 4, "success_rate": 0.9, "mean_reward": 0.9}
+    report = grpo(model, tokenizer, LETTER, config, tmp_path / "run", judge=_scripted([0.5, 0.75], calls), start_score=known)
+    assert len(calls) == 2 and report["checkpoints"] == [{"step": 0, **known}, {"step": 1, "seeds": 4, "success_rate": 0.5, "mean_reward": 0.5},
+                                                         {"step": 2, "seeds": 4, "success_rate": 0.75, "mean_reward": 0.75}]  # fmt: skip
+    assert report["kept_step"] == 0
+    for name, tensor in lora_state(model).items():
+        torch.testing.assert_close(tensor, start[name], msg=name)
+    # Resumed from checkpoint-2, the weights are not the ones that score was for: it is not taken.
+    calls.clear()
+    (tmp_path / "run" / "best.json").unlink()
+    config = _config(steps=3, group_size=4, groups_per_step=2, save_steps=1, learning_rate=5e-2)
+    report = grpo(model, tokenizer, LETTER, config, tmp_path / "run", judge=_scripted([0.25, 0.5], calls), start_score=known)
+    assert len(calls) == 2 and [(item["step"], item["success_rate"]) for item in report["checkpoints"]] == [(2, 0.25), (3, 0.5)]
 
 
 def test_keep_best_scores_on_the_validation_seeds_and_auto_takes_the_kept_score(peaked: Path, tmp_path: Path) -> None:

@@ -250,12 +250,15 @@ def grpo(
     guided_share: float = 0.0,
     phase: str = "grpo",
     judge: Judge | None = None,
+    start_score: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` (a PEFT model) for ``config.steps`` GRPO steps, checkpointing into
     ``directory`` and resuming from its newest checkpoint. Returns the report: where it resumed
     from, the step records and the number of rollouts; with ``judge``, also every scored step's
     validation score (``checkpoints``, each also reported to ``progress`` as a record of phase
-    ``checkpoint``) and the step whose weights the model ends with (``kept_step``)."""
+    ``checkpoint``) and the step whose weights the model ends with (``kept_step``).
+    ``start_score``, when given, is the judge's score of the weights the run starts from (a
+    recipe's warm start already scored under 'auto'): a fresh run takes it instead of scoring them again."""
     import torch
 
     optimizer = make_optimizer(model, config)
@@ -269,9 +272,9 @@ def grpo(
     started = time.monotonic()
     best = BestCheckpoint(directory, judge, start) if judge else None
 
-    def judged(step: int) -> None:  # keep_best scores the weights after `step` steps
+    def judged(step: int, known: dict[str, Any] | None = None) -> None:  # keep_best scores the weights after `step` steps
         assert best is not None
-        found = best.consider(model, step)
+        found = best.consider(model, step, known)
         if progress:
             progress({
                 "phase": "checkpoint", "step": step, "max_steps": config.steps, "success_rate": found["success_rate"],
@@ -279,7 +282,7 @@ def grpo(
             })  # fmt: skip
 
     if best and best.scored(start) is None:  # the starting weights (or a checkpoint saved before its score was)
-        judged(start)
+        judged(start, start_score if resume is None else None)
     for step in range(start, config.steps):
         candidates, screen_failed = hardest_first(model, tokenizer, environment, config, step_seeds(config, step))
         rollouts, resampled = draw_rollouts(model, tokenizer, environment, config, step, guided_share, candidates)
@@ -340,11 +343,12 @@ class BestCheckpoint:
     def best(self) -> dict[str, Any] | None:
         return self.scored(self.step) if self.step is not None else None
 
-    def consider(self, model: Any, step: int) -> dict[str, Any]:
-        """Score the model's weights after ``step`` steps; keep them if they beat the best so far."""
+    def consider(self, model: Any, step: int, known: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Score the model's weights after ``step`` steps (``known``: their score, already taken);
+        keep them if they beat the best so far."""
         from safetensors.torch import save_file
 
-        found = {"step": step, **self.judge()}
+        found = {"step": step, **(known or self.judge())}
         self.scores = [item for item in self.scores if item["step"] != step] + [found]
         if self.best is None or validation_rank(found) > validation_rank(self.best):
             self.step = step

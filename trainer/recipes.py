@@ -202,7 +202,9 @@ def train(environment: Environment, model_dir: Path, directory: Path, config: Tr
             guided = {"guided_grpo": config.guided_share, "sft+grpo": config.warm_guided_share}.get(recipe, 0.0)
             checkpoints = directory / "checkpoints" / recipe
             judge = (lambda: validation_score(model, tokenizer, environment, config)) if config.keep_best else None
-            grpo_report = grpo(model, tokenizer, environment, config, checkpoints, progress, guided, judge=judge)
+            # Under 'auto' the sft trial has scored the weights sft+grpo starts from: not scored twice.
+            warm_score = next((item.get("validation") for item in tried if item["recipe"] == "sft"), None) if recipe == "sft+grpo" else None
+            grpo_report = grpo(model, tokenizer, environment, config, checkpoints, progress, guided, judge=judge, start_score=warm_score)
             last = latest_checkpoint(checkpoints)
             (trial_dir / "grpo.json").parent.mkdir(parents=True, exist_ok=True)
             (trial_dir / "grpo.json").write_text(json.dumps({**grpo_report, "checkpoint": last.name if last else None}))
