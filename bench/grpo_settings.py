@@ -87,9 +87,9 @@ def parse_variant(words: list[str]) -> tuple[str, dict[str, Any]]:
     return name, overrides
 
 
-def greedy(trained: Any, environment: Environment, seeds: range, config: TrainingSettings) -> tuple[list[float], list[bool]]:
-    """Each seed's reward and success for the trained policy, greedy."""
-    return play(trained.model, trained.tokenizer, environment, seeds, Sampling(config.new_tokens, 0.0, max_length=config.max_length))
+def greedy(model: Any, tokenizer: Any, environment: Environment, seeds: range, config: TrainingSettings) -> tuple[list[float], list[bool]]:
+    """Each seed's reward and success for the policy, greedy."""
+    return play(model, tokenizer, environment, seeds, Sampling(config.new_tokens, 0.0, max_length=config.max_length))
 
 
 def warm_start(arguments: argparse.Namespace, environment: Environment, model_dir: Path, seeds: range) -> dict[str, Any]:
@@ -101,7 +101,7 @@ def warm_start(arguments: argparse.Namespace, environment: Environment, model_di
     started = time.monotonic()
     config = settings({**arguments.warm_settings, "recipe": "sft", "steps": 0}, arguments.max_new_tokens)
     trained = train(environment, model_dir, output / "warm", config)
-    rewards, successes = greedy(trained, environment, seeds, config)
+    rewards, successes = greedy(trained.model, trained.tokenizer, environment, seeds, config)
     found = {"rewards": rewards, "success": successes, "warm_start": trained.report["warm_start"], "seconds": round(time.monotonic() - started, 1)}
     record.write_text(json.dumps(found))
     return found
@@ -120,7 +120,7 @@ def variant(arguments: argparse.Namespace, environment: Environment, model_dir: 
     started = time.monotonic()
     trained = train(environment, model_dir, directory, config, progress=lambda record: print(json.dumps(record), file=sys.stderr, flush=True))
     trained_s = time.monotonic() - started
-    rewards, successes = greedy(trained, environment, seeds, config)
+    rewards, successes = greedy(trained.model, trained.tokenizer, environment, seeds, config)
     steps = trained.report["steps"]
     start = load_file(str(trial / "warm_start.safetensors"))
     moved = math.sqrt(sum(float(((tensor.cpu() - start[name]) ** 2).sum()) for name, tensor in lora_state(trained.model).items()))
@@ -130,7 +130,7 @@ def variant(arguments: argparse.Namespace, environment: Environment, model_dir: 
     for checkpoint in complete_checkpoints(directory / "checkpoints" / "sft+grpo"):
         if (step := checkpoint_step(checkpoint)) != ended_on:
             with adapter_weights(trained.model, load_file(str(checkpoint / "adapter_model.safetensors"))):
-                along.append({"step": step, "paired": paired(warm["success"], greedy(trained, environment, seeds, config)[1])})
+                along.append({"step": step, "paired": paired(warm["success"], greedy(trained.model, trained.tokenizer, environment, seeds, config)[1])})
     return {
         "variant": name, "settings": overrides, "paired": paired(warm["success"], successes),
         "mean_reward": round(sum(rewards) / len(rewards), 4), "grpo_minutes": round(trained_s / 60, 1),

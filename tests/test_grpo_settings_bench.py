@@ -1,7 +1,8 @@
 """``bench/grpo_settings.py`` with the tiny random model: one warm start, a variant's GRPO run from
 it, and that run scored on the validation seeds at its last step and at the earlier checkpoint it
 keeps (``save_steps``), each paired with the warm start on the same seeds; with ``keep_best`` the
-run ends on the step its own validation seeds scored best, and the bench says which."""
+run ends on the step its own validation seeds scored best, and the bench says which. Then
+``bench/score_checkpoints.py`` scores that run's saved weights on other seeds, paired with the first."""
 
 from __future__ import annotations
 
@@ -10,10 +11,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from safetensors.torch import load_file, save_file
+
 from tests.conftest import REPO
 
 
-def test_a_variant_is_scored_at_its_end_and_at_its_kept_earlier_checkpoint(tmp_path: Path, tiny_model: Path) -> None:
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """The bench's output folder and its finished process: a warm start and two variants' runs."""
+    tmp_path = tmp_path_factory.mktemp("grpo-settings")
     command = [
         sys.executable, "bench/grpo_settings.py", "--model", str(tiny_model), "--output", str(tmp_path), "--seeds", "3",
         "--max-new-tokens", "8", "--warm", "threads=1", "warm_start_examples=4", "warm_start_epochs=1",
@@ -23,7 +30,11 @@ def test_a_variant_is_scored_at_its_end_and_at_its_kept_earlier_checkpoint(tmp_p
         "--variant", "best-of-two", "threads=1", "steps=2", "save_steps=1", "groups_per_step=1", "group_size=2",
         "resample_groups=0", "warm_guided_share=0.5", "learning_rate=0.05", "keep_best=true", "validation_seeds=2",
     ]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    return tmp_path, subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def test_a_variant_is_scored_at_its_end_and_at_its_kept_earlier_checkpoint(bench_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    tmp_path, done = bench_run
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     row, best = (json.loads(line) for line in done.stdout.splitlines()[:2])
     assert row["variant"] == "two-steps" and row["steps"] == 2 and row["paired"]["seeds"] == 3
@@ -40,3 +51,34 @@ def test_a_variant_is_scored_at_its_end_and_at_its_kept_earlier_checkpoint(tmp_p
     assert best["kept_step"] in (0, 1, 2)
     assert sorted(point["step"] for point in best["along"]) == sorted({1, 2} - {best["kept_step"]})
     assert f"kept step {best['kept_step']}" in done.stdout
+
+
+def test_saved_weights_are_scored_on_other_seeds_paired_with_the_first(
+    bench_run: tuple[Path, subprocess.CompletedProcess[str]], tiny_model: Path, tmp_path: Path
+) -> None:
+    output, done = bench_run
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = output / "variants" / "two-steps"
+    warm = run / "trials" / "sft+grpo" / "warm_start.safetensors"
+    bench = [sys.executable, "bench/score_checkpoints.py", "--model", str(tiny_model), "--max-new-tokens", "8"]
+    scored = subprocess.run(
+        [*bench, "--seeds", "7:12", f"warm={warm}", f"again={warm}", f"step1={run / 'checkpoints' / 'sft+grpo' / 'checkpoint-1'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    names = [json.loads(line)["name"] for line in scored.stdout.splitlines() if line.startswith("{")]
+    assert names == ["warm", "again", "step1"] and "Seeds 7–11 (5), greedy" in scored.stdout
+    # the same weights score the same on every seed (greedy): paired with themselves, nothing won or lost
+    rows = {line.split(" | ")[0].strip("| "): line for line in scored.stdout.splitlines() if line.startswith("| ")}
+    assert " 0 / 0 | +0.00 [" in rows["again"] and rows["again"].split(" | ")[1:3] == rows["warm"].split(" | ")[1:3]
+    assert "step1" in rows
+    # weights that are not this model's adapter are refused by name, before any scoring
+    other = tmp_path / "other.safetensors"
+    save_file({name: tensor for name, tensor in list(load_file(str(warm)).items())[:2]}, str(other))
+    refused = subprocess.run([*bench, "--seeds", "7:9", f"warm={warm}", f"other={other}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "other:" in refused.stderr and "not an adapter" in refused.stderr
+    assert '"name"' not in refused.stdout  # not even the first weights were scored
+    # a missing path or an empty seed range stops at the arguments
+    for arguments in (["--seeds", "7:9", "warm=/nowhere"], ["--seeds", "9:7", f"warm={warm}"]):
+        stopped = subprocess.run([*bench, *arguments], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert stopped.returncode == 2 and ("no weights at" in stopped.stderr or "END above FIRST" in stopped.stderr)

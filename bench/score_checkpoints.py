@@ -1,0 +1,103 @@
+"""Saved adapter weights scored greedy on a range of seeds, each paired with the first.
+
+A run's checkpoints and its starting weights, scored on seeds the run never chose by: whether a
+choice made on `[training]`'s few validation seeds holds on more of them. Each `NAME=PATH` is a
+LoRA adapter's weights, a `.safetensors` file or a checkpoint folder holding
+`adapter_model.safetensors`; the first is the baseline the others are paired with (Newcombe's
+interval, McNemar's exact p), on the same seeds.
+
+    python bench/score_checkpoints.py --seeds 99856:99896 \
+        warm=.tracefix/bench-grpo-settings/variants/RUN/trials/sft+grpo/warm_start.safetensors \
+        step30=.tracefix/bench-grpo-settings/variants/RUN/checkpoints/sft+grpo/checkpoint-30
+
+The settings are `bench/grpo_settings.py`'s (the demo's training settings with `--max-new-tokens`);
+pick seeds disjoint from the run's training and warm-start seeds (those lie from
+`train_seed_offset - warm_start_examples` up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.grpo_settings import AIRLINE_TOOLS, difference, greedy, settings  # noqa: E402
+from trainer import model as models  # noqa: E402
+from trainer.environment import Environment, load_tools  # noqa: E402
+from trainer.evaluation import paired  # noqa: E402
+from trainer.families import load_families  # noqa: E402
+from trainer.grpo import adapter_weights, lora_state  # noqa: E402
+from trainer.recipes import load_policy  # noqa: E402
+
+
+def seed_range(text: str) -> range:
+    """``FIRST:END`` (END excluded) as a range of at least one seed."""
+    first, separator, end = text.partition(":")
+    try:
+        seeds = range(int(first), int(end))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not FIRST:END") from None
+    if not separator or not seeds:
+        raise argparse.ArgumentTypeError(f"{text!r}: FIRST:END with END above FIRST")
+    return seeds
+
+
+def weights(text: str) -> tuple[str, Path]:
+    """``NAME=PATH``, the path a weights file (or a checkpoint folder's) that exists."""
+    name, separator, path = text.partition("=")
+    if not separator or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=PATH")
+    found = Path(path)
+    if found.is_dir():
+        found = found / "adapter_model.safetensors"
+    if not found.is_file():
+        raise argparse.ArgumentTypeError(f"{name}: no weights at {found}")
+    return name, found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("weights", nargs="+", type=weights, metavar="NAME=PATH", help="the first is the baseline")
+    parser.add_argument("--seeds", type=seed_range, required=True, metavar="FIRST:END")
+    parser.add_argument("--capability", default="tool_call_precision")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--model", default=models.EMBEDDED)
+    parser.add_argument("--cache", default=".tracefix/models")
+    arguments = parser.parse_args()
+    if len({name for name, _ in arguments.weights}) < len(arguments.weights):
+        raise SystemExit("each NAME once")
+    families = load_families()
+    if arguments.capability not in families:
+        raise SystemExit(f"--capability {arguments.capability!r}: one of {', '.join(sorted(families))}")
+    environment = Environment(families[arguments.capability], load_tools(AIRLINE_TOOLS))
+    config = settings({}, arguments.max_new_tokens)
+    model, tokenizer = load_policy(models.resolve(arguments.model, Path(arguments.cache)), config)
+    expected = set(lora_state(model))
+    states = {name: load_file(str(path)) for name, path in arguments.weights}
+    for name, path in arguments.weights:  # all checked before any is scored
+        if set(states[name]) != expected:  # another model's or rank's adapter would load partly, silently
+            raise SystemExit(f"{name}: {path} is not an adapter of this model and [training]'s LoRA settings")
+    rows = []
+    for name, path in arguments.weights:
+        started = time.monotonic()
+        with adapter_weights(model, states[name]):
+            rewards, successes = greedy(model, tokenizer, environment, arguments.seeds, config)
+        rows.append({"name": name, "path": str(path), "rewards": rewards, "success": successes, "seconds": round(time.monotonic() - started, 1)})
+        print(json.dumps({key: rows[-1][key] for key in ("name", "seconds")} | {"success_rate": sum(successes) / len(successes)}), flush=True)
+    print(f"\nSeeds {arguments.seeds.start}–{arguments.seeds.stop - 1} ({len(arguments.seeds)}), greedy:\n")
+    print("| weights | success | mean reward | won / lost | paired difference [95 %] | McNemar p |")
+    print("|---|---|---|---|---|---|")
+    for row in rows:
+        found = paired(rows[0]["success"], row["success"])
+        print(f"| {row['name']} | {found['after']:.2f} | {sum(row['rewards']) / len(row['rewards']):.2f} |"
+              f" {found['after_only']} / {found['before_only']} | {difference(found)} | {found['mcnemar_p']:.2f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
