@@ -11,8 +11,8 @@ interval, McNemar's exact p), on the same seeds.
         step30=.tracefix/bench-grpo-settings/variants/RUN/checkpoints/sft+grpo/checkpoint-30
 
 The settings are `bench/grpo_settings.py`'s (the demo's training settings with `--max-new-tokens`);
-pick seeds disjoint from the run's training and warm-start seeds (those lie from
-`train_seed_offset - warm_start_examples` up).
+the seeds scored lie below the demonstrations' and training's (from `train_seed_offset -
+warm_start_examples` up), which are refused.
 """
 
 from __future__ import annotations
@@ -77,6 +77,8 @@ def main() -> None:
         raise SystemExit(f"--capability {arguments.capability!r}: one of {', '.join(sorted(families))}")
     environment = Environment(families[arguments.capability], load_tools(AIRLINE_TOOLS))
     config = settings({}, arguments.max_new_tokens)
+    if arguments.seeds.stop > (trained_from := config.train_seed_offset - config.warm_start_examples):
+        raise SystemExit(f"--seeds: from {trained_from} up the seeds are the demonstrations' and training's; score below it")
     model, tokenizer = load_policy(models.resolve(arguments.model, Path(arguments.cache)), config)
     expected = set(lora_state(model))
     states = {name: load_file(str(path)) for name, path in arguments.weights}

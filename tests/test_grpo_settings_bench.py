@@ -82,3 +82,6 @@ def test_saved_weights_are_scored_on_other_seeds_paired_with_the_first(
     for arguments in (["--seeds", "7:9", "warm=/nowhere"], ["--seeds", "9:7", f"warm={warm}"]):
         stopped = subprocess.run([*bench, *arguments], cwd=REPO, capture_output=True, text=True, timeout=60)
         assert stopped.returncode == 2 and ("no weights at" in stopped.stderr or "END above FIRST" in stopped.stderr)
+    # seeds the run trained on (its demonstrations and training seeds, from 99 904 up) are refused
+    trained = subprocess.run([*bench, "--seeds", "99900:99910", f"warm={warm}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert trained.returncode == 1 and "demonstrations' and training's" in trained.stderr and '"name"' not in trained.stdout
