@@ -87,6 +87,14 @@ def parse_variant(words: list[str]) -> tuple[str, dict[str, Any]]:
     return name, overrides
 
 
+def airline_environment(capability: str) -> Environment:
+    """The capability's environment over the airline agent's tools; an unknown name stops the bench."""
+    families = load_families()
+    if capability not in families:
+        raise SystemExit(f"--capability {capability!r}: one of {', '.join(sorted(families))}")
+    return Environment(families[capability], load_tools(AIRLINE_TOOLS))
+
+
 def greedy(model: Any, tokenizer: Any, environment: Environment, seeds: range, config: TrainingSettings) -> tuple[list[float], list[bool]]:
     """Each seed's reward and success for the policy, greedy."""
     return play(model, tokenizer, environment, seeds, Sampling(config.new_tokens, 0.0, max_length=config.max_length))
@@ -236,10 +244,7 @@ def main() -> None:
         raise SystemExit(f"--repeats {arguments.repeats}: at least 1")
     if arguments.repeats > 1 and (named := [name for name, overrides in variants if "seed" in overrides]):
         raise SystemExit(f"--variant {named[0]}: sets seed, which --repeats chooses")
-    families = load_families()
-    if arguments.capability not in families:
-        raise SystemExit(f"--capability {arguments.capability!r}: one of {', '.join(sorted(families))}")
-    environment = Environment(families[arguments.capability], load_tools(AIRLINE_TOOLS))
+    environment = airline_environment(arguments.capability)
     model_dir = models.resolve(arguments.model, Path(arguments.cache))
     seeds = range(FIRST_SEED, FIRST_SEED + arguments.seeds)
     Path(arguments.output).mkdir(parents=True, exist_ok=True)

@@ -27,11 +27,9 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.grpo_settings import AIRLINE_TOOLS, difference, greedy, settings  # noqa: E402
+from bench.grpo_settings import airline_environment, difference, greedy, settings  # noqa: E402
 from trainer import model as models  # noqa: E402
-from trainer.environment import Environment, load_tools  # noqa: E402
 from trainer.evaluation import paired  # noqa: E402
-from trainer.families import load_families  # noqa: E402
 from trainer.grpo import adapter_weights, lora_state  # noqa: E402
 from trainer.recipes import load_policy  # noqa: E402
 
@@ -72,10 +70,7 @@ def main() -> None:
     arguments = parser.parse_args()
     if len({name for name, _ in arguments.weights}) < len(arguments.weights):
         raise SystemExit("each NAME once")
-    families = load_families()
-    if arguments.capability not in families:
-        raise SystemExit(f"--capability {arguments.capability!r}: one of {', '.join(sorted(families))}")
-    environment = Environment(families[arguments.capability], load_tools(AIRLINE_TOOLS))
+    environment = airline_environment(arguments.capability)
     config = settings({}, arguments.max_new_tokens)
     if arguments.seeds.stop > (trained_from := config.train_seed_offset - config.warm_start_examples):
         raise SystemExit(f"--seeds: from {trained_from} up the seeds are the demonstrations' and training's; score below it")
@@ -86,12 +81,12 @@ def main() -> None:
         if set(states[name]) != expected:  # another model's or rank's adapter would load partly, silently
             raise SystemExit(f"{name}: {path} is not an adapter of this model and [training]'s LoRA settings")
     rows = []
-    for name, path in arguments.weights:
+    for name, _ in arguments.weights:
         started = time.monotonic()
         with adapter_weights(model, states[name]):
             rewards, successes = greedy(model, tokenizer, environment, arguments.seeds, config)
-        rows.append({"name": name, "path": str(path), "rewards": rewards, "success": successes, "seconds": round(time.monotonic() - started, 1)})
-        print(json.dumps({key: rows[-1][key] for key in ("name", "seconds")} | {"success_rate": sum(successes) / len(successes)}), flush=True)
+        rows.append({"name": name, "rewards": rewards, "success": successes})
+        print(json.dumps({"name": name, "seconds": round(time.monotonic() - started, 1), "success_rate": sum(successes) / len(successes)}), flush=True)
     print(f"\nSeeds {arguments.seeds.start}–{arguments.seeds.stop - 1} ({len(arguments.seeds)}), greedy:\n")
     print("| weights | success | mean reward | won / lost | paired difference [95 %] | McNemar p |")
     print("|---|---|---|---|---|---|")
