@@ -40,6 +40,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,7 @@ def airline_environment(capability: str) -> Environment:
     return Environment(families[capability], load_tools(AIRLINE_TOOLS))
 
 
-def greedy(model: Any, tokenizer: Any, environment: Environment, seeds: range, config: TrainingSettings) -> tuple[list[float], list[bool]]:
+def greedy(model: Any, tokenizer: Any, environment: Environment, seeds: Sequence[int], config: TrainingSettings) -> tuple[list[float], list[bool]]:
     """Each seed's reward and success for the policy, greedy."""
     return play(model, tokenizer, environment, seeds, Sampling(config.new_tokens, 0.0, max_length=config.max_length))
 

@@ -13,15 +13,25 @@ interval, McNemar's exact p), on the same seeds.
 The settings are `bench/grpo_settings.py`'s (the demo's training settings with `--max-new-tokens`);
 the seeds scored lie below the demonstrations' and training's (from `train_seed_offset -
 warm_start_examples` up), which are refused.
+
+Scoring 200 seeds takes about a quarter of an hour per weights file on two cores. With `--scores DIR`
+each seed's result is kept there per weights file (by the sha256 of its bytes, the base model's, the
+capability and the decoding settings) and only seeds not yet scored are played, so a new run is
+paired with a baseline scored before, or a range extended, without playing anything twice. Greedy
+decoding makes a seed's result a function of those, up to float rounding where the seeds batched
+with it differ (a near-tie between two tokens can then go the other way); delete the folder when the
+environment's code changes.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from safetensors.torch import load_file
 
@@ -29,8 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.grpo_settings import airline_environment, difference, greedy, settings  # noqa: E402
 from trainer import model as models  # noqa: E402
+from trainer.adapters import base_model_hash  # noqa: E402
 from trainer.evaluation import paired  # noqa: E402
 from trainer.grpo import adapter_weights, lora_state  # noqa: E402
+from trainer.jobs import write_atomically  # noqa: E402
 from trainer.recipes import load_policy  # noqa: E402
 
 
@@ -59,6 +71,38 @@ def weights(text: str) -> tuple[str, Path]:
     return name, found
 
 
+class Scores:
+    """Each seed's (reward, success) for one weights file under fixed settings, kept in a JSON file
+    named by the sha256 of what decides them; without a folder, nothing is kept."""
+
+    def __init__(self, folder: Path | None, weights_file: Path, settings_key: dict[str, Any]) -> None:
+        with open(weights_file, "rb") as handle:
+            key = {**settings_key, "weights": hashlib.file_digest(handle, "sha256").hexdigest()}
+        name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+        self.path = folder / f"{name}.json" if folder else None
+        self.key = key
+        self.seeds: dict[int, tuple[float, bool]] = {}
+        if self.path and self.path.exists():
+            try:
+                kept = json.loads(self.path.read_text())
+                if kept["key"] == key:
+                    self.seeds = {int(seed): (float(reward), bool(success)) for seed, (reward, success) in kept["seeds"].items()}
+            except (ValueError, KeyError, TypeError) as error:
+                raise SystemExit(f"{self.path} is not a scores file ({type(error).__name__}: {error}); delete it") from None
+
+    def missing(self, seeds: range) -> list[int]:
+        return [seed for seed in seeds if seed not in self.seeds]
+
+    def add(self, seeds: list[int], rewards: list[float], successes: list[bool]) -> None:
+        self.seeds.update({seed: (reward, success) for seed, reward, success in zip(seeds, rewards, successes, strict=True)})
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(self.path, {"key": self.key, "seeds": {str(seed): list(value) for seed, value in sorted(self.seeds.items())}})
+
+    def of(self, seeds: range) -> tuple[list[float], list[bool]]:
+        return [self.seeds[seed][0] for seed in seeds], [self.seeds[seed][1] for seed in seeds]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("weights", nargs="+", type=weights, metavar="NAME=PATH", help="the first is the baseline")
@@ -67,6 +111,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--model", default=models.EMBEDDED)
     parser.add_argument("--cache", default=".tracefix/models")
+    parser.add_argument("--scores", type=Path, metavar="DIR", help="keep each seed's result here and reuse it")
     arguments = parser.parse_args()
     if len({name for name, _ in arguments.weights}) < len(arguments.weights):
         raise SystemExit("each NAME once")
@@ -74,19 +119,28 @@ def main() -> None:
     config = settings({}, arguments.max_new_tokens)
     if arguments.seeds.stop > (trained_from := config.train_seed_offset - config.warm_start_examples):
         raise SystemExit(f"--seeds: from {trained_from} up the seeds are the demonstrations' and training's; score below it")
-    model, tokenizer = load_policy(models.resolve(arguments.model, Path(arguments.cache)), config)
+    model_dir = models.resolve(arguments.model, Path(arguments.cache))
+    model, tokenizer = load_policy(model_dir, config)
     expected = set(lora_state(model))
     states = {name: load_file(str(path)) for name, path in arguments.weights}
     for name, path in arguments.weights:  # all checked before any is scored
         if set(states[name]) != expected:  # another model's or rank's adapter would load partly, silently
             raise SystemExit(f"{name}: {path} is not an adapter of this model and [training]'s LoRA settings")
+    settings_key = {
+        "model": base_model_hash(model_dir), "capability": arguments.capability, "max_new_tokens": config.new_tokens,
+        "max_length": config.max_length, "lora": [config.lora_r, config.lora_alpha, sorted(config.lora_targets)],
+    }  # fmt: skip
     rows = []
-    for name, _ in arguments.weights:
+    for name, path in arguments.weights:
         started = time.monotonic()
-        with adapter_weights(model, states[name]):
-            rewards, successes = greedy(model, tokenizer, environment, arguments.seeds, config)
+        scores = Scores(arguments.scores, path, settings_key)
+        if missing := scores.missing(arguments.seeds):
+            with adapter_weights(model, states[name]):
+                scores.add(missing, *greedy(model, tokenizer, environment, missing, config))
+        rewards, successes = scores.of(arguments.seeds)
         rows.append({"name": name, "rewards": rewards, "success": successes})
-        print(json.dumps({"name": name, "seconds": round(time.monotonic() - started, 1), "success_rate": sum(successes) / len(successes)}), flush=True)
+        print(json.dumps({"name": name, "seconds": round(time.monotonic() - started, 1), "played": len(missing),
+                          "success_rate": sum(successes) / len(successes)}), flush=True)  # fmt: skip
     print(f"\nSeeds {arguments.seeds.start}–{arguments.seeds.stop - 1} ({len(arguments.seeds)}), greedy:\n")
     print("| weights | success | mean reward | won / lost | paired difference [95 %] | McNemar p |")
     print("|---|---|---|---|---|---|")

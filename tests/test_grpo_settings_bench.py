@@ -85,3 +85,36 @@ def test_saved_weights_are_scored_on_other_seeds_paired_with_the_first(
     # seeds the run trained on (its demonstrations and training seeds, from 99 904 up) are refused
     trained = subprocess.run([*bench, "--seeds", "99900:99910", f"warm={warm}"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert trained.returncode == 1 and "demonstrations' and training's" in trained.stderr and '"name"' not in trained.stdout
+
+
+def test_kept_scores_are_reused_and_a_range_is_extended_without_replaying(
+    bench_run: tuple[Path, subprocess.CompletedProcess[str]], tiny_model: Path, tmp_path: Path
+) -> None:
+    output, done = bench_run
+    assert done.returncode == 0, done.stderr[-3000:]
+    warm = output / "variants" / "two-steps" / "trials" / "sft+grpo" / "warm_start.safetensors"
+    step1 = output / "variants" / "two-steps" / "checkpoints" / "sft+grpo" / "checkpoint-1"
+    bench = [sys.executable, "bench/score_checkpoints.py", "--model", str(tiny_model), "--scores", str(tmp_path / "scores")]
+
+    def score(seeds: str, *extra: str) -> tuple[dict[str, int], str]:
+        run = subprocess.run([*bench, "--max-new-tokens", "8", *extra, "--seeds", seeds, f"warm={warm}", f"step1={step1}"],
+                             cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+        lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+        return {line["name"]: line["played"] for line in lines}, run.stdout.split("greedy:")[1]
+
+    first, table = score("20:24")
+    assert first == {"warm": 4, "step1": 4} and len(list((tmp_path / "scores").glob("*.json"))) == 2
+    again, same = score("20:24")
+    assert again == {"warm": 0, "step1": 0} and same == table  # nothing played, the same table
+    extended, _ = score("22:27")
+    assert extended == {"warm": 3, "step1": 3}  # 24, 25, 26 are new
+    # other decoding settings are other results: nothing is reused for them
+    changed = subprocess.run([*bench, "--max-new-tokens", "4", "--seeds", "20:22", f"warm={warm}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert changed.returncode == 0 and json.loads(changed.stdout.splitlines()[0])["played"] == 2
+    # a kept file that is not one stops the bench with its path, and is left as it was
+    for kept in (tmp_path / "scores").glob("*.json"):
+        kept.write_text("{not json")
+    broken = subprocess.run([*bench, "--max-new-tokens", "8", "--seeds", "20:22", f"warm={warm}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert broken.returncode == 1 and "is not a scores file" in broken.stderr and '"name"' not in broken.stdout
+    assert all(kept.read_text() == "{not json" for kept in (tmp_path / "scores").glob("*.json"))
