@@ -76,13 +76,15 @@ class Scores:
     named by the sha256 of what decides them; without a folder, nothing is kept."""
 
     def __init__(self, folder: Path | None, weights_file: Path, settings_key: dict[str, Any]) -> None:
-        with open(weights_file, "rb") as handle:
-            key = {**settings_key, "weights": hashlib.file_digest(handle, "sha256").hexdigest()}
-        name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-        self.path = folder / f"{name}.json" if folder else None
-        self.key = key
+        self.path: Path | None = None
+        self.key: dict[str, Any] = {}
         self.seeds: dict[int, tuple[float, bool]] = {}
-        if self.path and self.path.exists():
+        if folder is None:
+            return
+        with open(weights_file, "rb") as handle:
+            key = self.key = {**settings_key, "weights": hashlib.file_digest(handle, "sha256").hexdigest()}
+        self.path = folder / f"{hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]}.json"
+        if self.path.exists():
             try:
                 kept = json.loads(self.path.read_text())
                 if kept["key"] == key:

@@ -96,8 +96,8 @@ def test_kept_scores_are_reused_and_a_range_is_extended_without_replaying(
     step1 = output / "variants" / "two-steps" / "checkpoints" / "sft+grpo" / "checkpoint-1"
     bench = [sys.executable, "bench/score_checkpoints.py", "--model", str(tiny_model), "--scores", str(tmp_path / "scores")]
 
-    def score(seeds: str, *extra: str) -> tuple[dict[str, int], str]:
-        run = subprocess.run([*bench, "--max-new-tokens", "8", *extra, "--seeds", seeds, f"warm={warm}", f"step1={step1}"],
+    def score(seeds: str) -> tuple[dict[str, int], str]:
+        run = subprocess.run([*bench, "--max-new-tokens", "8", "--seeds", seeds, f"warm={warm}", f"step1={step1}"],
                              cwd=REPO, capture_output=True, text=True, timeout=600)  # fmt: skip
         assert run.returncode == 0, run.stderr[-3000:]
         lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
