@@ -1,64 +1,102 @@
-"""Greedy held-out rollouts (what the evaluation, the replay and the validation gate run) with the
-episodes' common opening prefilled once (trainer/prefix_cache.py) vs re-prefilled for every row and
-every turn, on the embedded SmolLM2-135M and a real environment:
+"""Greedy held-out rollouts (what the evaluation, the replay and the validation gate run) three
+ways, on the embedded SmolLM2-135M and a real environment: every row's whole prompt prefilled
+every turn; the episodes' common opening prefilled once and its key/value cache copied for every
+row (trainer/prefix_cache.py as it was); and the opening prefilled once and shared by the rows,
+its attention split (trainer/opening_attention.py, what the trainer runs):
 
     python bench/rollout_prefix.py                                  # tool_call_precision, airline tools
-    python bench/rollout_prefix.py --episodes 8 16 --repeats 3 --threads 2
+    python bench/rollout_prefix.py --episodes 8 32 --repeats 3 --threads 2
 
-Prints, per batch size, the median seconds of one batch of whole episodes both ways, their ratio,
-and whether the two produced the same conversations (they must, up to float rounding).
+Prints, per batch size, the median seconds of one batch of whole episodes each way, the ratios
+to the shared opening, and whether all three produced the same conversations (they must, up to
+float rounding).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import airline_model  # noqa: E402
-from trainer import rollouts  # noqa: E402
+from trainer import opening_attention, rollouts  # noqa: E402
 from trainer.rollouts import Sampling, generate_rollouts  # noqa: E402
+
+WAYS = ("re-prefilled", "opening copied per row", "opening shared")
+
+
+def _copying(generate: Any) -> Any:
+    """``model.generate`` given the opening's one-row cache, copied for every row first."""
+
+    def copied(**inputs: Any) -> Any:
+        if inputs.get("cache") is not None:
+            inputs["cache"] = copy.deepcopy(inputs["cache"])
+            inputs["cache"].batch_repeat_interleave(inputs["input_ids"].shape[0])
+        return generate(**inputs)
+
+    return copied
+
+
+@contextlib.contextmanager
+def _way(model: Any, way: str):
+    """Run ``generate_rollouts`` the given way: the trainer's code with the opening's sharing
+    switched off (copied per row) or the opening itself (re-prefilled)."""
+    minimum, cache, attention = rollouts.MIN_PREFIX, opening_attention.OpeningCache, opening_attention.opening_attention
+    if way == "re-prefilled":
+        rollouts.MIN_PREFIX = 10**9
+    elif way == "opening copied per row":
+        opening_attention.OpeningCache = lambda opening: opening
+        opening_attention.opening_attention = lambda model: contextlib.nullcontext()
+        model.generate = _copying(model.generate)
+    try:
+        yield
+    finally:
+        rollouts.MIN_PREFIX, opening_attention.OpeningCache, opening_attention.opening_attention = minimum, cache, attention
+        vars(model).pop("generate", None)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--episodes", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--episodes", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--max-new-tokens", type=int, default=96)
     airline_model.add_arguments(parser)
     arguments = parser.parse_args()
 
     tokenizer, model, environment = airline_model.load(arguments)
     sampling = Sampling(arguments.max_new_tokens, 0.0)
-    shared_minimum = rollouts.MIN_PREFIX
 
-    def run(seeds: range, shared: bool) -> tuple[float, list[list[dict]]]:
-        rollouts.MIN_PREFIX = shared_minimum if shared else 10**9
-        started = time.perf_counter()
-        produced = generate_rollouts(model, tokenizer, [environment.instance(seed) for seed in seeds], sampling)
-        return time.perf_counter() - started, [item.rollout.messages for item in produced]
+    def run(seeds: range, way: str) -> tuple[float, list[list[dict]]]:
+        with _way(model, way):
+            started = time.perf_counter()
+            produced = generate_rollouts(model, tokenizer, [environment.instance(seed) for seed in seeds], sampling)
+            return time.perf_counter() - started, [item.rollout.messages for item in produced]
 
     print(f"{arguments.capability} on the airline tools, {arguments.model}, {arguments.threads} threads, greedy, {arguments.max_new_tokens} new tokens per turn, {arguments.repeats} repeats")
-    print("| episodes per batch | re-prefilled: s per batch | opening once: s per batch | ratio | same conversations |")
-    print("|---|---|---|---|---|")
+    print("| episodes per batch | " + " | ".join(f"{way}: s per batch" for way in WAYS) + " | ratios to shared | same conversations |")
+    print("|---|---|---|---|---|---|")
     for size in arguments.episodes:
-        plain_times, shared_times, same = [], [], 0
+        times: dict[str, list[float]] = {way: [] for way in WAYS}
+        same = 0
         for repeat in range(arguments.repeats):
             seeds = range(200_000 + repeat * size, 200_000 + (repeat + 1) * size)
-            plain_seconds, plain = run(seeds, shared=False)
-            shared_seconds, shared = run(seeds, shared=True)
-            plain_times.append(plain_seconds)
-            shared_times.append(shared_seconds)
-            same += sum(a == b for a, b in zip(plain, shared, strict=True))
-        plain_median, shared_median = statistics.median(plain_times), statistics.median(shared_times)
+            produced = {}
+            for way in WAYS:
+                seconds, produced[way] = run(seeds, way)
+                times[way].append(seconds)
+            same += sum(len({repr(conversation) for conversation in row}) == 1 for row in zip(*produced.values(), strict=True))
+        medians = {way: statistics.median(values) for way, values in times.items()}
+        shared = medians["opening shared"]
         print(
-            f"| {size} | {plain_median:.2f} | {shared_median:.2f} | {plain_median / shared_median:.2f}× |"
-            f" {same}/{size * arguments.repeats} |"
+            f"| {size} | " + " | ".join(f"{medians[way]:.2f}" for way in WAYS)
+            + f" | {medians['re-prefilled'] / shared:.2f}×, {medians['opening copied per row'] / shared:.2f}× | {same}/{size * arguments.repeats} |"
         )
-    rollouts.MIN_PREFIX = shared_minimum
 
 
 if __name__ == "__main__":

@@ -46,13 +46,13 @@ class Score:
         )
 
 
-def score(model: Any, tokenizer: Any, environment: Environment, seeds: Sequence[int], sampling: Sampling, batch: int = 16) -> Score:
+def score(model: Any, tokenizer: Any, environment: Environment, seeds: Sequence[int], sampling: Sampling, batch: int = 32) -> Score:
     """Greedy rollouts on ``seeds``, ``batch`` episodes per lockstep pass."""
     return Score.of(*play(model, tokenizer, environment, seeds, sampling, batch))
 
 
 def play(
-    model: Any, tokenizer: Any, environment: Environment, seeds: Sequence[int], sampling: Sampling, batch: int = 16
+    model: Any, tokenizer: Any, environment: Environment, seeds: Sequence[int], sampling: Sampling, batch: int = 32
 ) -> tuple[list[float], list[bool]]:
     """Each seed's reward and success, greedy, ``batch`` episodes per lockstep pass."""
     greedy = Sampling(sampling.max_new_tokens, 0.0, max_turns=sampling.max_turns, max_length=sampling.max_length)

@@ -3,8 +3,9 @@
 An agent's prompts all start with the same instructions and tool definitions, about 1,200 tokens
 of the airline agent's 1,300-token opening, and every turn of every conversation sends them again.
 Prefilling them for each row of each batch is most of a CPU turn's work. Here the shared opening
-runs once (batch size 1) and its key/value cache is repeated for the rows; only each row's own tail
-is prefilled on top of it. The same idea as vLLM's automatic prefix caching, on one cache entry.
+runs once (batch size 1) and the rows share its key/value cache (``trainer.opening_attention``);
+only each row's own tail is prefilled on top of it. The same idea as vLLM's automatic prefix
+caching, on one cache entry.
 
 Rows are laid out ``[opening][padding][tail]``: the opening at the same positions in every row (so
 one cache serves them all), each tail ending in the last column (so the next token of every row is
@@ -16,7 +17,6 @@ Used by the trainer's rollouts (``trainer.rollouts``) and the embedded router ba
 
 from __future__ import annotations
 
-import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -53,14 +53,6 @@ def prefill(model: Any, ids: Sequence[int], **model_arguments: Any) -> Any:
         device = next(model.parameters()).device
         output = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=True, logits_to_keep=1, **model_arguments)
     return output.cache
-
-
-def repeated(cache: Any, rows: int) -> Any:
-    """A copy of a one-row cache for ``rows`` rows (the generation extends it in place)."""
-    copied = copy.deepcopy(cache)
-    if rows > 1:
-        copied.batch_repeat_interleave(rows)
-    return copied
 
 
 def layout(prefix: Sequence[int], tails: Sequence[Sequence[int]], pad: int) -> tuple[Any, Any]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.environment import Instance, Message, Rollout
-from trainer.prefix_cache import MIN_PREFIX, common_prefix, layout, prefill, repeated
+from trainer.prefix_cache import MIN_PREFIX, common_prefix, layout, prefill
 
 
 def with_hint(messages: list[Message], hint: str | None) -> list[Message]:
@@ -217,8 +217,10 @@ def _generate(
     """One assistant turn for each episode, the sampled ids up to and including the end-of-turn
     token, sampled after the turn's forced start (``starts``, when given). The batch is laid out
     ``[opening][padding][tail]`` (``trainer.prefix_cache``), the opening's cache (when there is
-    one) repeated for its rows."""
+    one) shared by its rows (``trainer.opening_attention``)."""
     import torch
+
+    from trainer.opening_attention import OpeningCache, opening_attention
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     starts = starts or [[] for _ in episodes]
@@ -227,13 +229,13 @@ def _generate(
     device = next(model.parameters()).device  # the first GPU when training there
     input_ids, attention = input_ids.to(device), attention.to(device)
     width = input_ids.shape[1]
-    extra: dict[str, Any] = {"cache": repeated(opening_cache, len(episodes))} if opening_cache is not None else {}
+    extra: dict[str, Any] = {"cache": OpeningCache(opening_cache)} if opening_cache is not None else {}
     sample = sampling.temperature > 0
     if sample and (argmax := [row for row, episode in enumerate(episodes) if episode.greedy]):
         from transformers import LogitsProcessorList
 
         extra["logits_processor"] = LogitsProcessorList([_ArgmaxRows(argmax)])
-    with torch.no_grad():
+    with torch.no_grad(), opening_attention(model):
         output = model.generate(
             input_ids=input_ids,
             attention_mask=attention,

@@ -1,0 +1,134 @@
+"""Decoding many rows after one shared opening, reading the opening's keys and values once.
+
+``trainer.prefix_cache`` prefills the agent's opening (instructions and tool definitions, most of
+every prompt) once; repeating its key/value cache for each row of a batch then makes every decode
+step read and copy ``rows × opening`` keys and values, and on a CPU that traffic, not the model's
+weights, is what a step costs (``bench/rollout_prefix.py``: 32 rows after 1,300 shared tokens
+decode 4.5× slower than after 100). Here the opening is kept once and each row's attention is split
+in two: the opening's scores are one matrix product of all rows' queries with its keys, each row's
+own tokens are attended as usual, and one softmax runs over both. The same split as the cascade
+attention of FlashInfer and vLLM, and Hydragen (arXiv 2402.05099), written for the CPU in a few
+tensor operations.
+
+``OpeningCache`` is the cache ``generate`` extends (only the rows' own tokens grow); inside
+``opening_attention(model)`` the model's attention takes the split path for it and is torch's SDPA
+for every other input, so training and other generation are untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AttentionInterface, AttentionMaskInterface, DynamicCache
+from transformers.cache_utils import DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
+
+NAME = "tracefix_opening"
+
+
+@dataclass(slots=True)
+class Split:
+    """One layer's keys (or values) as the attention sees them: the opening's, shared by every row,
+    ``[1, kv_heads, opening, dim]``, and the rows' own, ``[rows, kv_heads, own, dim]``."""
+
+    opening: torch.Tensor
+    own: torch.Tensor
+
+
+class _OpeningLayer(DynamicLayer):
+    """A cache layer that holds the opening once and grows only the rows' own tokens, in place:
+    their keys and values live at the start of buffers with room to spare (doubled when full), so
+    a decode step writes one column where concatenating would copy all of them."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        super().__init__()
+        self.opening_keys, self.opening_values = keys, values
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.keys, self.values = key_states[..., :0, :], value_states[..., :0, :]
+        held, added = self.keys.shape[-2], key_states.shape[-2]
+        buffers = self._buffers
+        if buffers is None or buffers[0].shape[-2] < held + added or buffers[0].data_ptr() != self.keys.data_ptr() or buffers[0].shape[0] != self.keys.shape[0]:
+            # first use, full, or the rows were changed (cropped, selected): start a larger buffer
+            shape = (*key_states.shape[:2], 2 * (held + added) + 64, key_states.shape[-1])
+            buffers = (key_states.new_empty(shape), value_states.new_empty(shape))
+            buffers[0][..., :held, :], buffers[1][..., :held, :] = self.keys, self.values
+            self._buffers = buffers
+        buffers[0][..., held : held + added, :] = key_states
+        buffers[1][..., held : held + added, :] = value_states
+        self.keys, self.values = buffers[0][..., : held + added, :], buffers[1][..., : held + added, :]
+        return Split(self.opening_keys, self.keys), Split(self.opening_values, self.values)
+
+    def get_seq_length(self) -> int:  # the mask and the positions count the opening's columns
+        return self.opening_keys.shape[-2] + super().get_seq_length()
+
+
+class OpeningCache(DynamicCache):
+    """The cache of a batch laid out ``[opening][padding][tail]`` (``trainer.prefix_cache.layout``)
+    from the opening's one-row cache (``prefix_cache.prefill``), which it shares and never copies."""
+
+    def __init__(self, opening: Any) -> None:
+        super().__init__()
+        self.layers = [_OpeningLayer(layer.keys, layer.values) for layer in opening.layers]
+
+
+def _split_attention(
+    module: Any, query: torch.Tensor, key: Any, value: Any, attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any
+) -> tuple[torch.Tensor, None]:
+    """Attention over an opening and each row's own tokens; SDPA for every other input.
+
+    query ``[rows, heads, q, dim]``; ``key``/``value`` are ``Split``s; the mask (SDPA's, True where
+    attended) is ``[rows, 1, q, opening + own]`` or None when nothing is masked. Returns
+    ``[rows, q, heads, dim]`` as SDPA does.
+    """
+    if not isinstance(key, Split):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    rows, heads, length, dim = query.shape
+    kv_heads = key.opening.shape[1]
+    opening = key.opening.shape[2]
+    scale = scaling if scaling is not None else dim**-0.5
+    grouped = query.reshape(rows, kv_heads, heads // kv_heads, length, dim)  # the heads sharing a kv head
+    # [rows, kv_heads, group, q, opening + own]: the opening's part is one product per kv head
+    scores = torch.cat(
+        [
+            torch.einsum("bkgqd,kpd->bkgqp", grouped, key.opening[0]),
+            torch.einsum("bkgqd,bktd->bkgqt", grouped, key.own),
+        ],
+        dim=-1,
+    ).mul_(scale)
+    if attention_mask is None:  # SDPA leaves causality to the kernel when nothing else is masked
+        columns = scores.shape[-1]
+        attention_mask = torch.ones(length, columns, dtype=torch.bool, device=query.device).tril(columns - length)[None, None]
+    if attention_mask.dtype == torch.bool:
+        scores.masked_fill_(~attention_mask[:, :, None], float("-inf"))
+    else:
+        scores.add_(attention_mask[:, :, None])
+    weights = scores.softmax(dim=-1)
+    output = torch.einsum("bkgqp,kpd->bkgqd", weights[..., :opening], value.opening[0])
+    output += torch.einsum("bkgqt,bktd->bkgqd", weights[..., opening:], value.own)
+    return output.reshape(rows, heads, length, dim).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(NAME, _split_attention)
+AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+@contextmanager
+def opening_attention(model: Any) -> Iterator[None]:
+    """Within it, ``model`` (a transformers model or a PEFT model around one) attends an
+    ``OpeningCache`` split; its other attention stays SDPA."""
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = NAME
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
