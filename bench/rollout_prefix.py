@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -32,34 +31,19 @@ from trainer.rollouts import Sampling, generate_rollouts  # noqa: E402
 WAYS = ("re-prefilled", "opening copied per row", "opening shared")
 
 
-def _copying(generate: Any) -> Any:
-    """``model.generate`` given the opening's one-row cache, copied for every row first."""
-
-    def copied(**inputs: Any) -> Any:
-        if inputs.get("cache") is not None:
-            inputs["cache"] = copy.deepcopy(inputs["cache"])
-            inputs["cache"].batch_repeat_interleave(inputs["input_ids"].shape[0])
-        return generate(**inputs)
-
-    return copied
-
-
 @contextlib.contextmanager
-def _way(model: Any, way: str):
-    """Run ``generate_rollouts`` the given way: the trainer's code with the opening's sharing
-    switched off (copied per row) or the opening itself (re-prefilled)."""
-    minimum, cache, attention = rollouts.MIN_PREFIX, opening_attention.OpeningCache, opening_attention.opening_attention
+def _way(way: str) -> Iterator[None]:
+    """Run ``generate_rollouts`` the given way: the trainer's code with the opening treated as not
+    shareable (copied per row, what it does for a sliding-window model) or not prefilled at all."""
+    minimum, shareable = rollouts.MIN_PREFIX, opening_attention.shareable
     if way == "re-prefilled":
         rollouts.MIN_PREFIX = 10**9
     elif way == "opening copied per row":
-        opening_attention.OpeningCache = lambda opening: opening
-        opening_attention.opening_attention = lambda model: contextlib.nullcontext()
-        model.generate = _copying(model.generate)
+        opening_attention.shareable = lambda opening: False
     try:
         yield
     finally:
-        rollouts.MIN_PREFIX, opening_attention.OpeningCache, opening_attention.opening_attention = minimum, cache, attention
-        vars(model).pop("generate", None)
+        rollouts.MIN_PREFIX, opening_attention.shareable = minimum, shareable
 
 
 def main() -> None:
@@ -73,7 +57,7 @@ def main() -> None:
     sampling = Sampling(arguments.max_new_tokens, 0.0)
 
     def run(seeds: range, way: str) -> tuple[float, list[list[dict]]]:
-        with _way(model, way):
+        with _way(way):
             started = time.perf_counter()
             produced = generate_rollouts(model, tokenizer, [environment.instance(seed) for seed in seeds], sampling)
             return time.perf_counter() - started, [item.rollout.messages for item in produced]

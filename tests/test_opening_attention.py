@@ -9,11 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from trainer import model as models
-from trainer.opening_attention import NAME, OpeningCache, Split, _split_attention, opening_attention
+from trainer import opening_attention as attention
+from trainer import rollouts
+from trainer.environment import Instance, Message, StepResult, assistant_text
+from trainer.opening_attention import NAME, OpeningCache, Split, _split_attention, opening_attention, rows_cache
 from trainer.prefix_cache import layout, prefill
 
 
@@ -110,3 +114,53 @@ def test_the_attention_is_restored_when_generation_fails(tiny: tuple[object, obj
     with pytest.raises(RuntimeError, match="stop"), opening_attention(model):
         raise RuntimeError("stop")
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_a_sliding_window_opening_is_copied_for_every_row() -> None:
+    """A sliding-window layer keeps only its window of the opening: no split can stand for the
+    rest, so the rows get copies of the cache as it is, and the one-row cache stays as it was."""
+    opening = DynamicCache()
+    opening.layers = [DynamicSlidingWindowLayer(sliding_window=4)]
+    opening.update(torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8), 0)
+    assert not attention.shareable(opening)
+    cache, attending = rows_cache(object(), opening, 3)
+    assert not isinstance(cache, OpeningCache) and cache.layers[0].keys.shape[0] == 3
+    assert opening.layers[0].keys.shape[0] == 1
+    with attending:  # nothing to switch: the model's attention stays what it is
+        pass
+
+
+class _Asking(Instance):
+    """Two turns after a long opening; no reward."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__([], seed, 1)
+
+    def reset(self) -> list[Message]:
+        return [{"role": "system", "content": "You are the support agent of a small airline. " * 10}, {"role": "user", "content": f"Case {self.seed}."}]
+
+    def step(self, assistant: Message) -> StepResult:
+        return StepResult([{"role": "user", "content": "And then?"}], False)  # ends at max_turns
+
+    def reward(self) -> float:
+        return 0.0
+
+    def solution(self) -> list[Message]:
+        return [assistant_text("Done.")]
+
+
+def test_rollouts_share_the_opening_and_sample_what_copying_it_samples(tiny: tuple[object, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer's rollouts take the shared path on a Llama, and sampled two-turn episodes come
+    out token for token as with the opening copied for every row."""
+    model, tokenizer = tiny
+    made: list[type] = []
+    real = attention.rows_cache
+    monkeypatch.setattr(attention, "rows_cache", lambda *a: made.append(type((result := real(*a))[0])) or result)
+    sampling = rollouts.Sampling(max_new_tokens=8, temperature=1.0, max_turns=2)
+    shared = rollouts.generate_rollouts(model, tokenizer, [_Asking(seed) for seed in range(4)], sampling, seed=3)
+    assert made and set(made) == {OpeningCache}  # every turn's batch
+    monkeypatch.setattr(attention, "shareable", lambda opening: False)
+    copied = rollouts.generate_rollouts(model, tokenizer, [_Asking(seed) for seed in range(4)], sampling, seed=3)
+    assert OpeningCache not in made[-1:]
+    assert [item.sequence() for item in shared] == [item.sequence() for item in copied]
+    assert all(sum(message["role"] == "assistant" for message in item.rollout.messages) == 2 for item in shared)

@@ -10,15 +10,18 @@ own tokens are attended as usual, and one softmax runs over both. The same split
 attention of FlashInfer and vLLM, and Hydragen (arXiv 2402.05099), written for the CPU in a few
 tensor operations.
 
-``OpeningCache`` is the cache ``generate`` extends (only the rows' own tokens grow); inside
-``opening_attention(model)`` the model's attention takes the split path for it and is torch's SDPA
-for every other input, so training and other generation are untouched.
+``rows_cache`` gives what ``generate`` needs for a batch after an opening: an ``OpeningCache``
+(only the rows' own tokens grow) and ``opening_attention(model)``, inside which the model's
+attention takes the split path for it and is torch's SDPA for every other input, so training and
+other generation are untouched. A model with sliding-window layers keeps only a window of the
+opening in them, which no split can stand for: its opening is copied for every row, as before.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,3 +135,19 @@ def opening_attention(model: Any) -> Iterator[None]:
         yield
     finally:
         config._attn_implementation = before
+
+
+def shareable(opening: Any) -> bool:
+    """Whether every layer of the opening's cache holds all of it (no sliding window)."""
+    return all(type(layer) is DynamicLayer for layer in opening.layers)
+
+
+def rows_cache(model: Any, opening: Any, rows: int) -> tuple[Any, AbstractContextManager[None]]:
+    """The cache ``generate`` extends for ``rows`` rows laid out after ``opening`` (its one-row
+    cache, left as it is) and the context to generate in: the opening shared by the rows where the
+    model allows it, else copied for every row."""
+    if shareable(opening):
+        return OpeningCache(opening), opening_attention(model)
+    copied = copy.deepcopy(opening)
+    copied.batch_repeat_interleave(rows)
+    return copied, nullcontext()

@@ -16,6 +16,7 @@ logits cut to their largest), so a group can carry the answer greedy evaluation 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -220,7 +221,7 @@ def _generate(
     one) shared by its rows (``trainer.opening_attention``)."""
     import torch
 
-    from trainer.opening_attention import OpeningCache, opening_attention
+    from trainer import opening_attention
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     starts = starts or [[] for _ in episodes]
@@ -229,13 +230,16 @@ def _generate(
     device = next(model.parameters()).device  # the first GPU when training there
     input_ids, attention = input_ids.to(device), attention.to(device)
     width = input_ids.shape[1]
-    extra: dict[str, Any] = {"cache": OpeningCache(opening_cache)} if opening_cache is not None else {}
+    extra: dict[str, Any] = {}
+    attending: Any = contextlib.nullcontext()
+    if opening_cache is not None:
+        extra["cache"], attending = opening_attention.rows_cache(model, opening_cache, len(episodes))
     sample = sampling.temperature > 0
     if sample and (argmax := [row for row, episode in enumerate(episodes) if episode.greedy]):
         from transformers import LogitsProcessorList
 
         extra["logits_processor"] = LogitsProcessorList([_ArgmaxRows(argmax)])
-    with torch.no_grad(), opening_attention(model):
+    with torch.no_grad(), attending:
         output = model.generate(
             input_ids=input_ids,
             attention_mask=attention,
