@@ -17,7 +17,7 @@ from trainer import model as models
 from trainer import opening_attention as attention
 from trainer import rollouts
 from trainer.environment import Instance, Message, StepResult, assistant_text
-from trainer.opening_attention import NAME, OpeningCache, Split, _split_attention, opening_attention, rows_cache
+from trainer.opening_attention import NAME, OpeningCache, Split, _OpeningLayer, _split_attention, opening_attention, rows_cache
 from trainer.prefix_cache import layout, prefill
 
 
@@ -71,6 +71,22 @@ def test_plain_keys_go_to_sdpa_unchanged() -> None:
     query, key, value = torch.randn(2, 6, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
     mask = torch.ones(5, 5, dtype=torch.bool).tril()[None, None].expand(2, 1, 5, 5)
     torch.testing.assert_close(_split_attention(_Module(), query, key, value, mask)[0], sdpa_attention_forward(_Module(), query, key, value, mask)[0])
+
+
+def test_the_rows_own_keys_grow_in_place_and_are_those_appended() -> None:
+    torch.manual_seed(3)
+    opening = torch.randn(1, 2, 10, 8)
+    layer = _OpeningLayer(opening, opening.clone())
+    appended = [torch.randn(3, 2, 5, 8)] + [torch.randn(3, 2, 1, 8) for _ in range(150)]  # past the first buffer
+    starts = set()
+    for chunk in appended:
+        keys, values = layer.update(chunk, chunk * 2)
+        starts.add(keys.own.data_ptr())
+        assert keys.opening is opening
+    whole = torch.cat(appended, dim=2)
+    assert torch.equal(keys.own, whole) and torch.equal(values.own, whole * 2)
+    assert layer.get_seq_length() == 10 + 155
+    assert 1 < len(starts) < 5  # a few buffers, each doubled, not one per step
 
 
 @pytest.fixture(scope="module")
