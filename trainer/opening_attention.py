@@ -2,9 +2,8 @@
 
 ``trainer.prefix_cache`` prefills the agent's opening (instructions and tool definitions, most of
 every prompt) once; repeating its key/value cache for each row of a batch then makes every decode
-step read and copy ``rows × opening`` keys and values, and on a CPU that traffic, not the model's
-weights, is what a step costs (``bench/rollout_prefix.py``: 32 rows after 1,300 shared tokens
-decode 4.5× slower than after 100). Here the opening is kept once and each row's attention is split
+step read and copy ``rows × opening`` keys and values, and on a CPU that traffic grows with every
+row (``bench/rollout_prefix.py`` compares the two). Here the opening is kept once and each row's attention is split
 in two: the opening's scores are one matrix product of all rows' queries with its keys, each row's
 own tokens are attended as usual, and one softmax runs over both. The same split as the cascade
 attention of FlashInfer and vLLM, and Hydragen (arXiv 2402.05099), written for the CPU in a few
@@ -107,13 +106,14 @@ def _split_attention(
         ],
         dim=-1,
     ).mul_(scale)
-    if attention_mask is None:  # SDPA leaves causality to the kernel when nothing else is masked
+    if attention_mask is None and length > 1:  # SDPA leaves causality to the kernel when nothing else is masked
         columns = scores.shape[-1]
         attention_mask = torch.ones(length, columns, dtype=torch.bool, device=query.device).tril(columns - length)[None, None]
-    if attention_mask.dtype == torch.bool:
-        scores.masked_fill_(~attention_mask[:, :, None], float("-inf"))
-    else:
-        scores.add_(attention_mask[:, :, None])
+    if attention_mask is not None:  # None now only for one query a row with every column attended
+        if attention_mask.dtype == torch.bool:
+            scores.masked_fill_(~attention_mask[:, :, None], float("-inf"))
+        else:
+            scores.add_(attention_mask[:, :, None])
     weights = scores.softmax(dim=-1)
     output = torch.einsum("bkgqp,kpd->bkgqd", weights[..., :opening], value.opening[0])
     output += torch.einsum("bkgqt,bktd->bkgqd", weights[..., opening:], value.own)
