@@ -2,15 +2,26 @@
 LoRA adapters attached to it under versioned names, and one generation thread that serves them all.
 
 Why one thread: PEFT's adapter state lives on the shared model, so two threads generating with
-different adapters would corrupt each other. Instead the generation thread takes waiting requests
-in arrival order, up to ``max_batch`` sequences, and decodes them together, whatever adapter each
-uses: PEFT applies a different adapter to each row of a batch (``adapter_names``), so requests for
-different adapters share one forward pass instead of waiting for each other. A batch runs until
-its last sequence ends; requests arriving meanwhile wait for the next one.
+different adapters would corrupt each other. Instead the generation thread decodes every running
+sequence together, up to ``max_batch`` of them, whatever adapter each uses: PEFT applies a
+different adapter to each row of a batch (``adapter_names``), so requests for different adapters
+share one forward pass instead of waiting for each other.
 
-Requests routed by the token-level gate (``trainer.gate``) are batched only with each other: the
-gate replaces the LoRA layers' forward for the whole model, so it is installed for gate batches and
-removed before anything else runs.
+Continuous batching (as vLLM and TGI do it, one request's prefill at a time between decode steps):
+between two decode steps, waiting requests join the running batch in arrival order while there is
+room. Their prompts are prefilled in a forward pass of their own, their first tokens sampled, and
+their key/value caches merged into the batch's; a sequence that ends leaves the batch at once and
+frees its row. So a short request is not held up by the longest one it happens to share a batch
+with, and a new one does not wait for the batch to drain. Rows are right-aligned (every row's
+latest token in the last column, left padding masked, positions kept per row), so merging pads the
+narrower cache on the left. ``continuous_batching = false`` keeps static batches, each running
+until its last sequence ends (the baseline ``bench/router_batching.py`` compares against).
+
+Requests routed by the token-level gate (``trainer.gate``) run only with each other: the gate
+replaces the LoRA layers' forward for the whole model, so it is installed for gate batches and
+removed before anything else runs. Admission is first come, first served: a request that cannot
+join (no room for its ``n`` rows, or the other kind of batch) holds back those behind it until the
+running batch has made room, so none waits forever.
 
 Every generated token is pushed to its request's sink at once; the HTTP side drains its own queue,
 so a slow client never holds up the batch. Loading and unloading adapters take the same lock as a
@@ -118,6 +129,69 @@ class _Row:
     slots: list[str] | None = None
 
 
+@dataclass(slots=True)
+class _Batch:
+    """The running rows and their key/value cache, laid out right-aligned: every row's latest token
+    in the cache's last column, the columns before its own masked. ``next_ids`` [rows, 1] are the
+    tokens fed at the next step, at ``positions`` [rows, 1]; ``mask`` [rows, width] covers the cache."""
+
+    rows: list[_Row] = field(default_factory=list)
+    gate: GateSpec | None = None
+    cache: Any = None
+    mask: Any = None
+    positions: Any = None
+    next_ids: Any = None
+
+    def keep(self, indices: list[int]) -> None:
+        """Only the rows at ``indices`` stay; columns no remaining row attends are cut from the left."""
+        if len(indices) == len(self.rows):
+            return
+        self.rows = [self.rows[index] for index in indices]
+        if not indices:
+            self.cache = self.mask = self.positions = self.next_ids = None
+            return
+        import torch
+
+        chosen = torch.tensor(indices)
+        mask = self.mask[chosen]
+        start = int(mask.any(dim=0).long().argmax())  # the first column some row attends
+        self.mask, self.positions, self.next_ids = mask[:, start:], self.positions[chosen], self.next_ids[chosen]
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[chosen, :, start:], layer.values[chosen, :, start:]
+
+    def merge(self, other: _Batch, config: Any) -> None:
+        """Add ``other``'s rows, the narrower cache padded on the left (masked columns); ``config``
+        is the model's."""
+        if not other.rows:
+            return
+        if not self.rows:
+            self.rows, self.gate, self.cache, self.mask = other.rows, other.gate, other.cache, other.mask
+            self.positions, self.next_ids = other.positions, other.next_ids
+            return
+        import torch
+        from transformers import DynamicCache
+
+        width = max(self.mask.shape[1], other.mask.shape[1])
+
+        def padded(tensor: Any, dim: int) -> Any:
+            missing = width - tensor.shape[dim]
+            if not missing:
+                return tensor
+            shape = list(tensor.shape)
+            shape[dim] = missing
+            return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+        layers = [
+            (torch.cat([padded(mine.keys, 2), padded(theirs.keys, 2)]), torch.cat([padded(mine.values, 2), padded(theirs.values, 2)]))
+            for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True)
+        ]
+        self.cache = DynamicCache(ddp_cache_data=layers, config=config)
+        self.mask = torch.cat([padded(self.mask, 1), padded(other.mask, 1)])
+        self.positions = torch.cat([self.positions, other.positions])
+        self.next_ids = torch.cat([self.next_ids, other.next_ids])
+        self.rows = self.rows + other.rows
+
+
 class AdapterConflict(ValueError):
     """An adapter name is already loaded; versions are immutable, so load under a new version."""
 
@@ -197,6 +271,7 @@ class EmbeddedBackend:
         max_context_tokens: int = 8192,
         threads: int = 0,
         prefix_cache_mib: int = 1024,
+        continuous: bool = True,
     ) -> None:
         import torch
 
@@ -206,6 +281,11 @@ class EmbeddedBackend:
         self.model, self.tokenizer = models.load(str(self.model_dir), Path(cache_dir))
         self.base_hash = adapters.base_model_hash(self.model_dir)
         self.max_batch = max_batch
+        # Joining and leaving a running batch moves its cache's columns, which a sliding-window
+        # layer (holding only its window) cannot follow: such a model keeps static batches.
+        self.continuous = continuous and _full_attention(self.model.config)
+        if continuous and not self.continuous:
+            log.warning("%s has sliding-window attention layers: the embedded backend runs static batches", model)
         positions = getattr(self.model.config, "max_position_embeddings", None) or max_context_tokens
         self.context_tokens = min(max_context_tokens, positions)
         eos = self.model.generation_config.eos_token_id
@@ -228,8 +308,9 @@ class EmbeddedBackend:
         cache_dir = settings.model_cache_dir
         router = settings.router
         return cls(
-            settings.model.name, cache_dir, router.max_batch, router.max_context_tokens, settings.model.threads, router.prefix_cache_mib
-        )
+            settings.model.name, cache_dir, router.max_batch, router.max_context_tokens, settings.model.threads,
+            router.prefix_cache_mib, router.continuous_batching,
+        )  # fmt: skip
 
     @property
     def alive(self) -> bool:
@@ -342,44 +423,61 @@ class EmbeddedBackend:
             if self._stopping:
                 raise RuntimeError("the router is shutting down")
             self._pending.append(generation)
+            metrics.BATCH_WAITING.set(len(self._pending))
             self._ready.notify()
 
     def stop(self) -> None:
-        """Finish the running batch, fail what still waits, and end the generation thread."""
+        """End the running batch after its current step and fail its requests and those still waiting;
+        the generation thread ends."""
         with self._ready:
             self._stopping = True
             waiting = list(self._pending)
             self._pending.clear()
+            metrics.BATCH_WAITING.set(0)
             self._ready.notify()
         for generation in waiting:
             _emit(generation, Failed("the router is shutting down"))
         self._thread.join(timeout=30)
 
-    def _next_batch(self) -> list[Generation]:
+    def _admit(self, batch: _Batch) -> list[Generation]:
+        """The waiting requests that join ``batch`` now, in arrival order; waits while there is
+        nothing to run. A request that cannot join (no room for its rows, a gate batch and a plain
+        one) stops admission, so the running batch drains and it goes next. Static batching admits
+        only into an empty batch. [] when stopping."""
         with self._ready:
-            while not self._pending and not self._stopping:
+            while not self._pending and not batch.rows and not self._stopping:
                 self._ready.wait()
-            if self._stopping:
+            if self._stopping or (batch.rows and not self.continuous):
                 return []
-            first = self._pending.popleft()
-            batch, rows = [first], first.n
-            for generation in list(self._pending):
-                if rows + generation.n > self.max_batch:
-                    break
-                if generation.gate == first.gate:
-                    self._pending.remove(generation)
-                    batch.append(generation)
-                    rows += generation.n
-            return batch
+            gate = batch.gate if batch.rows else self._pending[0].gate if self._pending else None
+            room = self.max_batch - len(batch.rows)
+            joining: list[Generation] = []
+            while self._pending and self._pending[0].n <= room and self._pending[0].gate == gate:
+                joining.append(self._pending.popleft())
+                room -= joining[-1].n
+            metrics.BATCH_WAITING.set(len(self._pending))
+            return joining
 
     def _serve(self) -> None:
-        while batch := self._next_batch():
+        batch = _Batch()
+        while True:
+            joining = self._admit(batch)
+            if self._stopping:  # shutting down: what is left of the running batch ends now
+                for generation in {row.generation for row in batch.rows}:
+                    _emit(generation, Failed("the router is shutting down"))
+                metrics.BATCH_ROWS.set(0)
+                return
             try:
-                self._generate(batch)
+                if joining:
+                    self._join(batch, joining)
+                if batch.rows:
+                    self._step(batch)
             except Exception as error:  # a failing batch fails its requests, never the thread
                 log.exception("generation failed")
-                for generation in batch:
+                for generation in {*joining, *(row.generation for row in batch.rows)}:
                     _emit(generation, Failed(f"generation failed: {error}"))
+                batch = _Batch()
+            metrics.BATCH_ROWS.set(len(batch.rows))
 
     def _adapter_arguments(self, adapters_of_rows: Sequence[str | None]) -> dict[str, Any]:
         from peft import PeftModel
@@ -388,15 +486,31 @@ class EmbeddedBackend:
             return {}
         return {"adapter_names": [name or PEFT_BASE for name in adapters_of_rows]}
 
-    def _generate(self, batch: list[Generation]) -> None:
+    def _forward(self, rows: list[_Row], gate: GateSpec | None, **inputs: Any) -> Any:
+        """One forward pass of ``rows`` under the model lock, each with its adapter (or the gate);
+        the next-token logits only."""
+        import torch
+
+        with self._lock, torch.no_grad():
+            # Both per pass: an adapter load between passes removes the gate, and the first load
+            # wraps the model in PEFT, which then needs per-row adapter names.
+            self._use_gate(gate)
+            chosen = {} if gate else self._adapter_arguments([row.generation.adapter for row in rows])
+            output = self.model(**inputs, use_cache=True, logits_to_keep=1, **chosen)
+            if gate:
+                self._add_shares(rows, self._gate.token_shares()[:, -1], self._gate.slots)
+        return output
+
+    def _join(self, batch: _Batch, joining: list[Generation]) -> None:
+        """Prefill the joining requests' prompts, sample their first tokens and merge them into ``batch``."""
         import torch
 
         rows = [
             _Row(generation, choice, _generator(generation.sampling.seed, choice))
-            for generation in batch
+            for generation in joining
             for choice in range(generation.n)
         ]
-        gate = batch[0].gate
+        gate = joining[0].gate
         # Each row starts from the longest cached prefix of its prompt (prefix_cache.PrefixStore):
         # its cached keys right-aligned in the first columns, then its uncached tail right-aligned,
         # so every row's next token sits in the last column; positions skip the padding. The gate
@@ -410,50 +524,43 @@ class EmbeddedBackend:
         input_ids, tail_mask = prefix_cache.layout([], [row.generation.prompt[length:] for row, (_, length) in zip(rows, matches)], self.pad_id)
         mask = torch.cat([cached_mask, tail_mask], dim=1)
         positions = prefix_cache.positions(mask)[:, cached_mask.shape[1] :]
-        if storing:
+        output = self._forward(rows, gate, input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache)
+        if storing:  # each distinct prompt's keys and values, for its next turn
             cached_tokens = sum(length for _, length in matches)
             metrics.PREFILL_TOKENS.labels("cached").inc(cached_tokens)
             metrics.PREFILL_TOKENS.labels("prefilled").inc(sum(len(row.generation.prompt) for row in rows) - cached_tokens)
-        steps = max(generation.sampling.max_tokens for generation in batch)
-        for _ in range(steps):
-            if self._stopping:  # shutting down: what is left of the batch ends now
-                for generation in {row.generation for row in rows if not row.finished}:
-                    _emit(generation, Failed("the router is shutting down"))
-                return
-            with self._lock, torch.no_grad():
-                # Both per step: an adapter load between steps removes the gate, and the first load
-                # wraps the model in PEFT, which then needs per-row adapter names.
-                self._use_gate(gate)
-                chosen = {} if gate else self._adapter_arguments([row.generation.adapter for row in rows])
-                output = self.model(
-                    input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
-                    use_cache=True, logits_to_keep=1, **chosen,
-                )  # fmt: skip
-                if gate:
-                    self._add_shares(rows, self._gate.token_shares()[:, -1], self._gate.slots)
-            cache = output.cache
-            if storing:  # after the prefill: each distinct prompt's keys and values, for its next turn
-                for index, row in enumerate(rows):
-                    if row.choice == 0:  # the n choices of a request share its prompt
-                        layers = prefix_cache.row_layers(cache, index, mask[index].bool())
-                        self.prefixes.store(row.generation.adapter, row.generation.prompt, layers)
-                metrics.PREFIX_CACHE_BYTES.set(self.prefixes.nbytes)
-                storing = False
-            sampled = _sample(output.logits[:, -1].float(), rows)
-            next_ids = []
-            for row, token in zip(rows, sampled):
-                if not row.finished and row.generation.cancelled.is_set():
-                    row.finished = True
-                if row.finished:
-                    next_ids.append(self.pad_id)
-                else:
-                    self._advance(row, token)
-                    next_ids.append(token)
-            if all(row.finished for row in rows):
-                return
-            input_ids = torch.tensor(next_ids).unsqueeze(1)
-            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
-            positions = positions[:, -1:] + 1
+            for index, row in enumerate(rows):
+                if row.choice == 0:  # the n choices of a request share its prompt
+                    self.prefixes.store(row.generation.adapter, row.generation.prompt, prefix_cache.row_layers(output.cache, index, mask[index].bool()))
+            metrics.PREFIX_CACHE_BYTES.set(self.prefixes.nbytes)
+        joined = _Batch(rows, gate, output.cache, mask, positions[:, -1:] + 1)
+        self._take(joined, output.logits[:, -1])
+        batch.merge(joined, self.model.config)
+
+    def _step(self, batch: _Batch) -> None:
+        """One decode step of every running row."""
+        import torch
+
+        mask = torch.cat([batch.mask, torch.ones((len(batch.rows), 1), dtype=torch.long)], dim=1)
+        output = self._forward(
+            batch.rows, batch.gate, input_ids=batch.next_ids, attention_mask=mask, position_ids=batch.positions, cache=batch.cache
+        )
+        batch.cache, batch.mask, batch.positions = output.cache, mask, batch.positions + 1
+        self._take(batch, output.logits[:, -1])
+
+    def _take(self, batch: _Batch, logits: Any) -> None:
+        """Sample each row's next token from ``logits`` [rows, vocabulary], send its text, and let
+        the rows that ended (or whose client went away) leave the batch."""
+        import torch
+
+        sampled = _sample(logits.float(), batch.rows)
+        for row, token in zip(batch.rows, sampled):
+            if row.generation.cancelled.is_set():
+                row.finished = True
+            else:
+                self._advance(row, token)
+        batch.next_ids = torch.tensor(sampled).unsqueeze(1)
+        batch.keep([index for index, row in enumerate(batch.rows) if not row.finished])
 
     @staticmethod
     def _add_shares(rows: list[_Row], weights: Any, slots: list[str]) -> None:
@@ -489,6 +596,14 @@ class EmbeddedBackend:
                 mean = (row.share_sum / row.share_sum.sum()).tolist()
                 shares = {slot: round(value, 4) for slot, value in zip(row.slots, mean, strict=True)}
             _emit(row.generation, Finished(row.choice, reason, text, len(row.tokens), shares))
+
+
+def _full_attention(config: Any) -> bool:
+    """Whether every layer of the model's key/value cache keeps all of its tokens (no sliding window)."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers)
 
 
 def held_back(text: str, stops: tuple[str, ...]) -> int:

@@ -30,3 +30,5 @@ PREFILL_TOKENS = Counter(
     ["source"],
 )
 PREFIX_CACHE_BYTES = Gauge("tracefix_router_prefix_cache_bytes", "Memory held by the embedded backend's prefix cache")
+BATCH_ROWS = Gauge("tracefix_router_batch_rows", "Sequences in the embedded backend's running batch")
+BATCH_WAITING = Gauge("tracefix_router_waiting_requests", "Requests waiting to join the embedded backend's batch")

@@ -190,6 +190,15 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer: Any)
     return tiny_random_model(tmp_path_factory.mktemp("tiny"), smollm2_tokenizer)
 
 
+@pytest.fixture(scope="session")
+def wide_tiny_model(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer: Any) -> Path:
+    """``tiny_model`` with a wide initializer: logits with range, so greedy choices are not ties
+    and generated text tells models apart. Shared by the whole session, so tests only read it."""
+    from trainer.model import tiny_random_model
+
+    return tiny_random_model(tmp_path_factory.mktemp("wide-tiny"), smollm2_tokenizer, initializer_range=0.2)
+
+
 def wait_for(condition: Any, timeout_s: float = 30.0, poll_s: float = 0.2) -> Any:
     """The first truthy value of ``condition()`` within ``timeout_s``; TimeoutError after."""
     deadline = time.monotonic() + timeout_s

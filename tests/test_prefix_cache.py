@@ -15,7 +15,6 @@ pytest.importorskip("torch")
 from router import metrics  # noqa: E402
 from router.backend import EmbeddedBackend, Failed, Finished, Generation, Sampling  # noqa: E402
 from tests.lora_support import make_adapter  # noqa: E402
-from trainer import model as models  # noqa: E402
 from trainer import prefix_cache, rollouts  # noqa: E402
 from trainer.environment import Instance, Message, StepResult, assistant_text  # noqa: E402
 from trainer.prefix_cache import PrefixStore, common_prefix  # noqa: E402
@@ -24,13 +23,8 @@ OPENING = "You are the support agent of a small airline. " * 12  # well over MIN
 
 
 @pytest.fixture(scope="module")
-def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import AutoTokenizer
-
-    gguf = models.embedded_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # A wide initializer gives the random model logits with range, so greedy choices are not ties.
-    return models.tiny_random_model(tmp_path_factory.mktemp("base"), tokenizer, initializer_range=0.2)
+def base_dir(wide_tiny_model: Path) -> Path:
+    return wide_tiny_model
 
 
 # -- the store ------------------------------------------------------------------------------------

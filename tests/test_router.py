@@ -31,7 +31,7 @@ openai = pytest.importorskip("openai")
 import uvicorn  # noqa: E402
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 
 from daemon.core.settings import load_settings  # noqa: E402
 from router import protocol  # noqa: E402
@@ -104,11 +104,8 @@ class Router:
 
 
 @pytest.fixture(scope="module")
-def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    gguf = models.embedded_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # A wide initializer gives the random model logits with range, so greedy choices are not ties.
-    return models.tiny_random_model(tmp_path_factory.mktemp("base"), tokenizer, initializer_range=0.2)
+def base_dir(wide_tiny_model: Path) -> Path:
+    return wide_tiny_model
 
 
 @pytest.fixture(scope="module")

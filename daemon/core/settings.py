@@ -437,7 +437,12 @@ class RouterSettings(Section):
     )
     max_new_tokens: int = Field(256, ge=1, description="Default max_tokens of a completion.")
     max_context_tokens: int = Field(8192, ge=256, description="Longer prompts are refused with a context_length_exceeded error.")
-    max_batch: int = Field(8, ge=1, description="Most requests generated together in one batch.")
+    max_batch: int = Field(8, ge=1, description="Most sequences generated together in one batch.")
+    continuous_batching: bool = Field(
+        True,
+        description="Embedded backend: a request joins the running batch at its next decode step, and a finished one leaves"
+        " it at once; false = static batches, each running until its last sequence ends while new requests wait.",
+    )
     prefix_cache_mib: int = Field(
         1024,
         ge=0,

@@ -1,0 +1,245 @@
+"""The embedded backend's continuous batching (router/backend.py): requests join a running batch
+between decode steps and leave it when they end, on a real (tiny, random) Llama with a LoRA adapter.
+What each request generates must not depend on what it shared a batch with."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from router import metrics  # noqa: E402
+from router.backend import Delta, EmbeddedBackend, Failed, Finished, Generation, Sampling  # noqa: E402
+from tests.lora_support import make_adapter  # noqa: E402
+
+OPENING = "You are the support agent of a small airline. " * 12
+ADAPTER = "billing@v1"
+
+
+@pytest.fixture(scope="module")
+def base_dir(wide_tiny_model: Path) -> Path:
+    return wide_tiny_model
+
+
+@pytest.fixture(scope="module")
+def adapter(base_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_adapter(base_dir, tmp_path_factory.mktemp("adapters") / "billing", "billing", 1, seed=5)
+
+
+def _backend(base_dir: Path, adapter: Path, cache: Path, **options: Any) -> EmbeddedBackend:
+    backend = EmbeddedBackend(str(base_dir), cache, **options)
+    backend.load(ADAPTER, adapter)
+    return backend
+
+
+class Requests:
+    """Requests submitted to a backend, with every event each one received, in order."""
+
+    def __init__(self, backend: EmbeddedBackend) -> None:
+        self.backend = backend
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self.log: list[tuple[str, Any]] = []  # (request, event) in arrival order
+
+    def submit(self, name: str, prompt: list[int], adapter: str | None, sampling: Sampling, n: int = 1) -> None:
+        self.backend.submit(Generation(prompt, adapter, sampling, n, lambda event: self.events.put((name, event))))
+
+    def wait(self, until: Any, timeout: float = 120) -> None:
+        """Take events until ``until(self.log)`` holds."""
+        deadline = time.monotonic() + timeout
+        while not until(self.log):
+            name, event = self.events.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert not isinstance(event, Failed), f"{name}: {event.message}"
+            self.log.append((name, event))
+
+    def finished(self, name: str) -> list[Finished]:
+        return [event for who, event in self.log if who == name and isinstance(event, Finished)]
+
+    def done(self, *names: str, choices: int = 1) -> Any:
+        return lambda log: all(len(self.finished(name)) == choices for name in names)
+
+    def deltas(self, name: str) -> int:
+        return sum(who == name and isinstance(event, Delta) for who, event in self.log)
+
+    def first(self, kind: type, name: str) -> int:
+        """Index in the log of ``name``'s first event of ``kind``."""
+        return next(index for index, (who, event) in enumerate(self.log) if who == name and isinstance(event, kind))
+
+
+def _alone(backend: EmbeddedBackend, prompt: list[int], adapter: str | None, sampling: Sampling, n: int = 1) -> list[str]:
+    """The texts of one request run by itself."""
+    requests = Requests(backend)
+    requests.submit("it", prompt, adapter, sampling, n)
+    requests.wait(requests.done("it", choices=n))
+    return [event.text for event in sorted(requests.finished("it"), key=lambda event: event.choice)]
+
+
+def _chat(backend: EmbeddedBackend, *turns: str) -> list[int]:
+    messages = [{"role": "system", "content": OPENING}]
+    messages += [{"role": "user" if index % 2 == 0 else "assistant", "content": text} for index, text in enumerate(turns)]
+    return backend.encode_chat(messages)
+
+
+def _rows_gauge() -> float:
+    return metrics.BATCH_ROWS._value.get()
+
+
+def test_a_short_request_joins_a_long_one_and_leaves_first_with_the_text_it_has_alone(base_dir: Path, adapter: Path, tmp_path: Path) -> None:
+    continuous = _backend(base_dir, adapter, tmp_path / "models")
+    static = _backend(base_dir, adapter, tmp_path / "models", continuous=False)
+    try:
+        long_prompt, short_prompt = _chat(continuous, "Where is my booking ABC123?"), _chat(continuous, "Cancel XYZ789.")
+        long_sampling, short_sampling = Sampling(60, temperature=0.0), Sampling(4, temperature=0.0)
+        expected_long = _alone(static, long_prompt, None, long_sampling)
+        expected_short = _alone(static, short_prompt, ADAPTER, short_sampling)
+        order = {}
+        for name, backend in (("continuous", continuous), ("static", static)):
+            requests = Requests(backend)
+            requests.submit("long", long_prompt, None, long_sampling)
+            requests.wait(lambda log: requests.deltas("long") >= 3)  # the long one is decoding
+            requests.submit("short", short_prompt, ADAPTER, short_sampling)
+            requests.wait(requests.done("long", "short"))
+            assert [requests.finished("long")[0].text, requests.finished("short")[0].text] == [*expected_long, *expected_short]
+            assert requests.finished("long")[0].tokens == 60  # it ran its whole length: the short one had time to join
+            order[name] = requests.first(Finished, "short") < requests.first(Finished, "long")
+        # Continuous: the short request joined the running batch and left it first. Static: it
+        # waited for the long one's batch to end.
+        assert order == {"continuous": True, "static": False}
+        deadline = time.monotonic() + 10
+        while _rows_gauge() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _rows_gauge() == 0
+    finally:
+        continuous.stop()
+        static.stop()
+
+
+def test_requests_joining_and_leaving_at_every_step_generate_what_they_do_alone(base_dir: Path, adapter: Path, tmp_path: Path) -> None:
+    """Prompts of different lengths, from the prefix cache and not, on the base and the adapter,
+    greedy and seeded with two choices, submitted while others run: each the same as alone."""
+    continuous = _backend(base_dir, adapter, tmp_path / "models", max_batch=4)
+    static = _backend(base_dir, adapter, tmp_path / "models", prefix_cache_mib=0, continuous=False)
+    try:
+        plan = [
+            ("a", _chat(continuous, "Where is my booking ABC123?"), None, Sampling(30, temperature=0.0), 1),
+            ("b", _chat(continuous, "Cancel reservation XYZ789 please, it is urgent."), ADAPTER, Sampling(12, temperature=0.0), 1),
+            ("c", _chat(continuous, "Hi."), None, Sampling(20, temperature=0.8, seed=7), 2),
+            ("d", _chat(continuous, "Where is my booking ABC123?", "It is confirmed.", "And my bags?"), None, Sampling(8, temperature=0.0), 1),
+            ("e", _chat(continuous, "Change my flight to Friday."), ADAPTER, Sampling(25, temperature=0.0), 1),
+            ("f", list(range(5, 40)), None, Sampling(6, temperature=0.0), 1),  # no opening: nothing cached
+        ]
+        expected = {name: _alone(static, prompt, adapter_name, sampling, n) for name, prompt, adapter_name, sampling, n in plan}
+        requests = Requests(continuous)
+        for index, (name, prompt, adapter_name, sampling, n) in enumerate(plan):
+            requests.submit(name, prompt, adapter_name, sampling, n)
+            if index < len(plan) - 1:  # the next one arrives while this one is decoding
+                requests.wait(lambda log, name=name: requests.deltas(name) >= 1)
+        requests.wait(lambda log: all(len(requests.finished(name)) == n for name, *_, n in plan))
+        got = {name: [event.text for event in sorted(requests.finished(name), key=lambda event: event.choice)] for name, *_ in plan}
+        assert got == expected
+        # Some request started while another was mid-way: the batch did change under running rows.
+        assert requests.first(Delta, "b") < requests.first(Finished, "a")
+    finally:
+        continuous.stop()
+        static.stop()
+
+
+def test_every_row_predicts_each_token_as_a_plain_forward_over_its_own_tokens(
+    base_dir: Path, adapter: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The logits every row is sampled from, while rows join and leave around it, against one
+    uncached forward pass over that row's prompt and the tokens it has generated so far: a wrong
+    position, mask or merged cache shows here even where the tiny model's greedy text would not."""
+    import torch
+
+    from router import backend as backend_module
+
+    seen: dict[int, list[Any]] = {}  # id(generation) → the logits of each of its steps
+    real_sample = backend_module._sample
+
+    def recording(logits: Any, rows: list[Any]) -> list[int]:
+        for index, row in enumerate(rows):
+            seen.setdefault(id(row.generation), []).append(logits[index].clone())
+        return real_sample(logits, rows)
+
+    monkeypatch.setattr(backend_module, "_sample", recording)
+    backend = _backend(base_dir, adapter, tmp_path / "models", max_batch=3)
+    try:
+        plan = [
+            ("a", _chat(backend, "Where is my booking ABC123?"), None, 14),
+            ("b", _chat(backend, "Cancel reservation XYZ789 please, it is urgent."), ADAPTER, 5),
+            ("c", _chat(backend, "Where is my booking ABC123?", "It is confirmed.", "And my bags?"), None, 9),
+            ("d", list(range(5, 40)), ADAPTER, 6),
+            ("e", _chat(backend, "Hi."), None, 4),
+        ]
+        requests = Requests(backend)
+        generations = {}
+        for index, (name, prompt, adapter_name, tokens) in enumerate(plan):
+            emit = lambda event, name=name: requests.events.put((name, event))  # noqa: E731
+            generations[name] = Generation(prompt, adapter_name, Sampling(tokens, temperature=0.0), 1, emit)
+            backend.submit(generations[name])
+            if index < len(plan) - 1:
+                requests.wait(lambda log, name=name: requests.deltas(name) >= 1)
+        requests.wait(requests.done(*(name for name, *_ in plan)))
+        compared = 0
+        for name, prompt, adapter_name, _ in plan:
+            steps = seen[id(generations[name])]
+            tokens = [int(step.argmax()) for step in steps]  # greedy: what the row went on with
+            assert len(steps) == requests.finished(name)[0].tokens
+            with torch.no_grad():
+                chosen = backend._adapter_arguments([adapter_name])
+                plain = backend.model(input_ids=torch.tensor([prompt + tokens[:-1]]), **chosen).logits[0, len(prompt) - 1 :]
+            torch.testing.assert_close(torch.stack(steps), plain.float(), atol=2e-4, rtol=1e-4)
+            compared += len(steps)
+        assert compared > len(plan)
+    finally:
+        backend.stop()
+
+
+def test_a_request_waiting_for_room_is_not_overtaken_by_a_smaller_one(base_dir: Path, adapter: Path, tmp_path: Path) -> None:
+    backend = _backend(base_dir, adapter, tmp_path / "models", max_batch=2)
+    try:
+        requests = Requests(backend)
+        requests.submit("running", _chat(backend, "Where is my booking ABC123?"), None, Sampling(40, temperature=0.0))
+        requests.wait(lambda log: requests.deltas("running") >= 2)
+        # Two rows wanted, one free: it waits for the running request to end ...
+        requests.submit("pair", _chat(backend, "Hi."), None, Sampling(6, temperature=0.5, seed=3), n=2)
+        # ... and a one-row request behind it, which would fit now, waits behind it.
+        requests.submit("single", _chat(backend, "Cancel XYZ789."), ADAPTER, Sampling(3, temperature=0.0))
+        requests.wait(lambda log: len(requests.finished("pair")) == 2 and requests.done("running", "single")(log))
+        assert requests.first(Finished, "running") < requests.first(Delta, "pair") < requests.first(Delta, "single")
+    finally:
+        backend.stop()
+
+
+def test_stopping_fails_the_running_and_the_waiting_requests(base_dir: Path, adapter: Path, tmp_path: Path) -> None:
+    backend = _backend(base_dir, adapter, tmp_path / "models", max_batch=1)
+    events: queue.Queue[tuple[str, Any]] = queue.Queue()
+    started = threading.Event()
+
+    def sink(name: str) -> Any:
+        def emit(event: Any) -> None:
+            if isinstance(event, Delta):
+                started.set()
+            events.put((name, event))
+
+        return emit
+
+    backend.submit(Generation(_chat(backend, "Where is my booking?"), None, Sampling(500, temperature=0.0), 1, sink("running")))
+    backend.submit(Generation(_chat(backend, "Hi."), None, Sampling(5, temperature=0.0), 1, sink("waiting")))
+    assert started.wait(60)
+    backend.stop()
+    failed = {}
+    deadline = time.monotonic() + 30
+    while len(failed) < 2 and time.monotonic() < deadline:
+        name, event = events.get(timeout=30)
+        assert not isinstance(event, Finished), f"{name} finished after stop"
+        if isinstance(event, Failed):
+            failed[name] = event.message
+    assert failed == {"running": "the router is shutting down", "waiting": "the router is shutting down"}
+    assert not backend.alive
