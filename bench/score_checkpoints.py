@@ -10,8 +10,18 @@ interval, McNemar's exact p), on the same seeds.
         warm=.tracefix/bench-grpo-settings/variants/RUN/trials/sft+grpo/warm_start.safetensors \
         step30=.tracefix/bench-grpo-settings/variants/RUN/checkpoints/sft+grpo/checkpoint-30
 
-The settings are `bench/grpo_settings.py`'s (the demo's training settings with `--max-new-tokens`);
-the seeds scored lie below the demonstrations' and training's (from `train_seed_offset -
+The settings are `bench/grpo_settings.py`'s (the demo's training settings with `--max-new-tokens`)
+and the environment is the capability's on the example airline agent's tools, as there. With
+`--request` they are a training run's instead: its `request.json` names the environment the run
+trained and evaluated on (its family, tool definitions and difficulty) and its `[training]`
+settings, so a daemon run's adapter (`tracefix demo`, `bench/demo_loop.py`) is scored on the
+openings it learned:
+
+    R=.tracefix/bench-demo/data/runs/run-1
+    python bench/score_checkpoints.py --request $R/request.json --seeds 99696:99896 \
+        warm=$R/trials/sft+grpo/warm_start.safetensors grpo=$R/adapter
+
+The seeds scored lie below the demonstrations' and training's (from `train_seed_offset -
 warm_start_examples` up), which are refused.
 
 Scoring 200 seeds takes about a quarter of an hour per weights file on two cores. With `--scores DIR`
@@ -40,7 +50,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.grpo_settings import airline_environment, difference, greedy, settings  # noqa: E402
 from trainer import model as models  # noqa: E402
 from trainer.adapters import base_model_hash  # noqa: E402
+from daemon.core.settings import TrainingSettings  # noqa: E402
 from trainer.evaluation import paired  # noqa: E402
+from trainer.families import build_environment  # noqa: E402
 from trainer.grpo import adapter_weights, lora_state  # noqa: E402
 from trainer.jobs import write_atomically  # noqa: E402
 from trainer.recipes import load_policy  # noqa: E402
@@ -69,6 +81,22 @@ def weights(text: str) -> tuple[str, Path]:
     if not found.is_file():
         raise argparse.ArgumentTypeError(f"{name}: no weights at {found}")
     return name, found
+
+
+def opening_tools(environment: Any) -> str:
+    """A digest of the environment's tool definitions in the order its openings list them (another
+    order is another opening, and other results)."""
+    listing = json.dumps([tool.to_openai() for tool in environment.tools], sort_keys=True)
+    return hashlib.sha256(listing.encode()).hexdigest()[:16]
+
+
+def run_environment(path: Path) -> tuple[Any, TrainingSettings]:
+    """The environment and ``[training]`` settings of a training run's ``request.json``."""
+    try:
+        request = json.loads(path.read_text())
+        return build_environment(request), TrainingSettings.model_validate(request["training"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise SystemExit(f"--request {path}: not a training run's request ({type(error).__name__}: {error})") from None
 
 
 class Scores:
@@ -114,11 +142,16 @@ def main() -> None:
     parser.add_argument("--model", default=models.EMBEDDED)
     parser.add_argument("--cache", default=".tracefix/models")
     parser.add_argument("--scores", type=Path, metavar="DIR", help="keep each seed's result here and reuse it")
+    parser.add_argument(
+        "--request", type=Path, metavar="FILE", help="a training run's request.json: its environment and [training] settings"
+    )  # fmt: skip
     arguments = parser.parse_args()
     if len({name for name, _ in arguments.weights}) < len(arguments.weights):
         raise SystemExit("each NAME once")
-    environment = airline_environment(arguments.capability)
-    config = settings({}, arguments.max_new_tokens)
+    if arguments.request:
+        environment, config = run_environment(arguments.request)
+    else:
+        environment, config = airline_environment(arguments.capability), settings({}, arguments.max_new_tokens)
     if arguments.seeds.stop > (trained_from := config.train_seed_offset - config.warm_start_examples):
         raise SystemExit(f"--seeds: from {trained_from} up the seeds are the demonstrations' and training's; score below it")
     model_dir = models.resolve(arguments.model, Path(arguments.cache))
@@ -129,7 +162,8 @@ def main() -> None:
         if set(states[name]) != expected:  # another model's or rank's adapter would load partly, silently
             raise SystemExit(f"{name}: {path} is not an adapter of this model and [training]'s LoRA settings")
     settings_key = {
-        "model": base_model_hash(model_dir), "capability": arguments.capability, "max_new_tokens": config.new_tokens,
+        "model": base_model_hash(model_dir), "capability": environment.family.capability, "max_new_tokens": config.new_tokens,
+        "tools": opening_tools(environment), "difficulty": environment.difficulty,
         "max_length": config.max_length, "lora": [config.lora_r, config.lora_alpha, sorted(config.lora_targets)],
     }  # fmt: skip
     rows = []

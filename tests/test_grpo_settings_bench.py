@@ -118,3 +118,39 @@ def test_kept_scores_are_reused_and_a_range_is_extended_without_replaying(
     broken = subprocess.run([*bench, "--max-new-tokens", "8", "--seeds", "20:22", f"warm={warm}"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert broken.returncode == 1 and "is not a scores file" in broken.stderr and '"name"' not in broken.stdout
     assert all(kept.read_text() == "{not json" for kept in (tmp_path / "scores").glob("*.json"))
+
+
+def test_a_training_runs_request_gives_the_environment_and_settings_scored_on(
+    bench_run: tuple[Path, subprocess.CompletedProcess[str]], tiny_model: Path, tmp_path: Path
+) -> None:
+    """``--request``: a daemon run's adapter is scored on that run's environment (its tool
+    definitions, in its order) with its [training] settings, and its scores are kept apart from the
+    bench's own environment's."""
+    from bench.grpo_settings import settings
+    from examples.airline.tools import TOOLS
+
+    output, done = bench_run
+    assert done.returncode == 0, done.stderr[-3000:]
+    warm = output / "variants" / "two-steps" / "trials" / "sft+grpo" / "warm_start.safetensors"
+    request = tmp_path / "request.json"
+    training = settings({"threads": 1}, 8).model_dump(mode="json")
+    request.write_text(json.dumps({"family": "tool_call_precision", "difficulty": 1, "tools": list(reversed(TOOLS)), "training": training}))
+    bench = [sys.executable, "bench/score_checkpoints.py", "--model", str(tiny_model), "--scores", str(tmp_path / "scores")]
+
+    def played(*options: str) -> int:
+        run = subprocess.run([*bench, *options, "--seeds", "30:33", f"warm={warm}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return json.loads(run.stdout.splitlines()[0])["played"]
+
+    # The bench's environment, then the request's (the same tools in another order: another
+    # opening), with the same decoding: the second is played, not taken from the first's scores.
+    assert played("--max-new-tokens", "8") == 3
+    assert played("--request", str(request)) == 3
+    assert played("--request", str(request)) == 0
+    assert len(list((tmp_path / "scores").glob("*.json"))) == 2
+    # a file that is not a run's request stops the bench with its path, before any scoring
+    for text in ("{not json", json.dumps({"family": "no_such_family", "tools": []}), json.dumps({"tools": TOOLS})):
+        request.write_text(text)
+        refused = subprocess.run([*bench, "--request", str(request), "--seeds", "30:31", f"warm={warm}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert refused.returncode == 1 and f"--request {request}: not a training run's request" in refused.stderr, refused.stderr[-2000:]
+        assert '"name"' not in refused.stdout
