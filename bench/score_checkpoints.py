@@ -48,9 +48,9 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.grpo_settings import airline_environment, difference, greedy, settings  # noqa: E402
+from daemon.core.settings import TrainingSettings  # noqa: E402
 from trainer import model as models  # noqa: E402
 from trainer.adapters import base_model_hash  # noqa: E402
-from daemon.core.settings import TrainingSettings  # noqa: E402
 from trainer.evaluation import paired  # noqa: E402
 from trainer.families import build_environment  # noqa: E402
 from trainer.grpo import adapter_weights, lora_state  # noqa: E402

@@ -601,9 +601,10 @@ class EmbeddedBackend:
 def _full_attention(config: Any) -> bool:
     """Whether every layer of the model's key/value cache keeps all of its tokens (no sliding window)."""
     from transformers import DynamicCache
-    from transformers.cache_utils import DynamicLayer
 
-    return all(type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers)
+    from trainer.opening_attention import shareable
+
+    return shareable(DynamicCache(config=config))
 
 
 def held_back(text: str, stops: tuple[str, ...]) -> int:
