@@ -100,3 +100,41 @@ def test_the_prefix_stops_at_the_first_label_padding_and_the_first_difference() 
 def test_short_prefixes_and_single_rows_take_the_plain_pass(adapted: Any) -> None:
     for ids, mask, labels in (_batch(4, [10, 12]), _batch(40, [14])):
         assert torch.allclose(shared_prefix_loss(adapted, ids, mask, labels), _plain_loss(adapted, ids, mask, labels), rtol=1e-5)
+
+
+def _detached_opening_loss(model: Any, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor, prefix: int) -> torch.Tensor:
+    """The reference for a gradient stopped at the opening: each row on its own, after a copy of
+    the opening's cache computed without autograd, its losses summed over the batch's labels."""
+    import copy
+
+    with torch.no_grad():
+        opening = model(input_ids=ids[:1, : prefix - 1], use_cache=True).cache
+    total = torch.zeros(())
+    for row in range(len(ids)):
+        end = int(mask[row].sum())
+        logits = model(input_ids=ids[row : row + 1, prefix - 1 : end], cache=copy.deepcopy(opening), use_cache=True).logits[0, :-1]
+        total = total + torch.nn.functional.cross_entropy(logits.float(), labels[row, prefix:end], ignore_index=-100, reduction="sum")
+    return total / (labels != -100).sum()
+
+
+@pytest.mark.parametrize("tails", [[12, 30, 7], [20]])
+def test_a_gradient_stopped_at_the_opening_keeps_the_loss_and_drops_only_the_openings_share(adapted: Any, tails: list[int]) -> None:
+    ids, mask, labels = _batch(48, tails, seed=1)
+    prefix = shared_prefix_length(ids, mask, labels)  # a single row's runs up to its first label
+    assert prefix == (48 if len(tails) > 1 else 48 + tails[0] // 2)
+    plain = _plain_loss(adapted, ids, mask, labels)
+    full = _gradients(adapted, plain)
+    reference = _gradients(adapted, _detached_opening_loss(adapted, ids, mask, labels, prefix))
+    stopped = shared_prefix_loss(adapted, ids, mask, labels, opening_gradient=False)
+    got = _gradients(adapted, stopped)
+    assert torch.allclose(stopped, plain, rtol=1e-5, atol=1e-6), (stopped.item(), plain.item())  # the forward pass is exact
+    assert got.keys() == reference.keys() and len(got) > 0
+    for name in reference:
+        assert torch.allclose(got[name], reference[name], rtol=1e-3, atol=1e-6), name
+    # The gradient really stops: the full one differs (it also flows through the opening's activations).
+    differing = [name for name in full if not torch.allclose(got[name], full[name], rtol=1e-3, atol=1e-6)]
+    assert len(differing) > len(full) // 2
+    # What is left still points the same way as the full gradient.
+    flat_got = torch.cat([got[name].flatten() for name in full])
+    flat_full = torch.cat([full[name].flatten() for name in full])
+    assert torch.nn.functional.cosine_similarity(flat_got, flat_full, dim=0) > 0.5

@@ -120,7 +120,10 @@ def supervised(
         gradient_checkpointing=False,
     )
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    trainer = SharedPrefixSFTTrainer(model=model, args=arguments, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
+    trainer = SharedPrefixSFTTrainer(
+        model=model, args=arguments, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
+        opening_gradient=config.warm_start_opening_gradient,
+    )
     trainer.remove_callback(PrinterCallback)  # progress is reported by the caller, not printed
     if progress:
         trainer.add_callback(_WarmStartProgress(progress, time.monotonic()))

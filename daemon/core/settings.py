@@ -352,6 +352,12 @@ class TrainingSettings(Section):
     warm_start_epochs: int = Field(2, ge=1, description="Passes over the demonstrations.")
     warm_start_batch: int = Field(2, ge=1, description="Demonstrations per warm-start update: one batch, their common opening run once.")
     warm_start_learning_rate: float = Field(1e-3, gt=0, description="Learning rate of the warm start (a few dozen demonstrations make a few dozen updates).")
+    warm_start_opening_gradient: bool = Field(
+        True,
+        description="The warm start's gradient flows back through the batch's common opening (exact); false stops it at"
+        " the opening's keys and values: an update skips the opening's backward pass (about 1.6x faster on a long"
+        " opening), and the adapter learns from the demonstrations' own tokens only.",
+    )
     validation_seeds: int = Field(
         8, ge=1,
         description="Seeds 'auto' compares recipes on and keep_best compares GRPO's checkpoints on, disjoint from the"
