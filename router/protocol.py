@@ -13,7 +13,7 @@ import uuid
 from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from router.backend import Sampling, held_back
 from trainer.environment import assistant_call, load_tools, parse_assistant, render_system_prompt
@@ -117,6 +117,19 @@ class ChatRequest(Strict):
     n: int = Field(1, ge=1, le=128)
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    # OpenAI's request metadata: up to 16 string pairs. `conversation_id` names the conversation the
+    # request belongs to (as `gen_ai.conversation.id` does in its spans): it keeps the conversation
+    # on one canary arm and is recorded on the router's span.
+    metadata: dict[str, str] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
+        if metadata is not None and len(metadata) > 16:
+            raise ValueError("metadata takes at most 16 pairs")
+        if metadata is not None and any(len(key) > 64 or len(value) > 512 for key, value in metadata.items()):
+            raise ValueError("metadata keys are at most 64 characters and values at most 512")
+        return metadata
 
     @model_validator(mode="after")
     def _checks(self) -> ChatRequest:
@@ -138,6 +151,10 @@ class ChatRequest(Strict):
 
     def first_user_turn(self) -> str | None:
         return next((message.text() for message in self.messages if message.role == "user"), None)
+
+    @property
+    def conversation_id(self) -> str | None:
+        return (self.metadata or {}).get("conversation_id") or None
 
     def sampling(self, max_tokens: int) -> Sampling:
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []

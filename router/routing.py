@@ -41,7 +41,7 @@ CLASSIFIER_CACHE = 1024  # an agent repeats its first user turn on every step of
 
 
 def _unit_hash(text: str | None) -> float:
-    """A stable number in [0, 1) for a conversation's first user turn (random without one)."""
+    """A stable number in [0, 1) for a conversation (its id, else its first user turn; random without either)."""
     if text is None:
         return random.random()
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") / 2**64
@@ -171,15 +171,17 @@ class RoutingTable:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def acquire(self, pinned: str | None, first_user: str | None) -> Lease:
+    def acquire(self, pinned: str | None, first_user: str | None, conversation: str | None = None) -> Lease:
         """Route one request and hold its adapter version until `release`. `pinned` is a live adapter
-        name the client asked for by model name; otherwise the mode decides."""
+        name the client asked for by model name; otherwise the mode decides. `conversation` (the
+        client's conversation id) is what keeps a conversation on one canary arm; without it, its
+        first user turn is."""
         started = time.perf_counter()
-        lease = self._route(pinned, first_user)
+        lease = self._route(pinned, first_user, conversation or first_user)
         metrics.ROUTING_SECONDS.labels(lease.reason).observe(time.perf_counter() - started)
         return lease
 
-    def _route(self, pinned: str | None, first_user: str | None) -> Lease:
+    def _route(self, pinned: str | None, first_user: str | None, unit: str | None) -> Lease:
         with self._lock:
             if pinned is not None:
                 adapter = self.adapters.get(pinned)
@@ -191,7 +193,7 @@ class RoutingTable:
             if self.mode == "off":
                 return Lease(None, "off")
             if self.mode == "fixed":
-                return self._serve("fixed", self.fixed, first_user) if self.fixed is not None else Lease(None, "fixed")
+                return self._serve("fixed", self.fixed, unit) if self.fixed is not None else Lease(None, "fixed")
             if self.mode == GATE and self.gate is not None:
                 lease = self._hold(GATE, list(self.gate.adapters))
                 lease.adapter, lease.gate = GATE, self.gate
@@ -206,19 +208,21 @@ class RoutingTable:
         # capability's new version, as it would any request that starts after the swap.
         capability = self.classifier.choose(first_user, candidates)
         with self._lock:
-            return self._serve("classifier", capability, first_user)
+            return self._serve("classifier", capability, unit)
 
-    def _serve(self, reason: str, capability: str | None, first_user: str | None) -> Lease:
+    def _serve(self, reason: str, capability: str | None, unit: str | None) -> Lease:
         """Hold the version that serves `capability`'s request (table lock held): its live version, or
         its canary for the canary's share of conversations. A conversation keeps its arm for all of
-        its requests: the split hashes its first user turn."""
+        its requests: the split hashes `unit`, its id or else its first user turn. (Hashing the turn
+        alone splits by what users ask: an agent whose users open with the same words puts them all
+        on one arm, and the arms then differ by task as well as by version.)"""
         if capability is None:
             return Lease(None, reason)
         current, canary = self.current.get(capability), self.canaries.get(capability)
         arm = None
         if canary is not None:
             share = self.adapters[canary].canary or 0.0
-            arm = "canary" if _unit_hash(first_user) < share else "control"
+            arm = "canary" if _unit_hash(unit) < share else "control"
             current = canary if arm == "canary" else current
         lease = self._hold(reason, [current] if current else [])
         lease.capability, lease.arm = capability, arm

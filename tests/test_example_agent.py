@@ -143,8 +143,9 @@ class CannedPolicy:
     def __init__(self, replies: list[Reply]) -> None:
         self.replies = list(replies)
 
-    def respond(self, messages: list[dict[str, Any]], headers: dict[str, str], seed: int) -> Reply:
+    def respond(self, messages: list[dict[str, Any]], headers: dict[str, str], seed: int, conversation_id: str) -> Reply:
         assert headers["traceparent"].startswith("00-")  # every model call carries the trace context
+        assert conversation_id == "c-canned"  # and names its conversation
         return self.replies.pop(0)
 
 

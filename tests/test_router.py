@@ -312,6 +312,9 @@ def test_tools_and_tool_history_are_rendered_into_the_prompt(router: Router) -> 
         ({"max_tokens": "5"}, 400, None, "max_tokens"),
         ({"temperature": 3}, 400, None, "temperature"),
         ({"n": 99}, 400, None, "n"),
+        ({"metadata": {"conversation_id": 7}}, 400, None, "metadata.conversation_id"),
+        ({"metadata": {f"key{index}": "value" for index in range(17)}}, 400, None, "metadata"),
+        ({"metadata": {"conversation_id": "c" * 513}}, 400, None, "metadata"),
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": [ORDER_TOOL]}, 400, None, None),
         ({"max_tokens": 100_000}, 400, "context_length_exceeded", "messages"),
         ({"messages": [{"role": "user", "content": "word " * 2000}]}, 400, "context_length_exceeded", "messages"),
@@ -385,6 +388,30 @@ def test_routing_modes_off_fixed_and_their_refusals(router: Router) -> None:
     assert router.admin("DELETE", "/admin/adapters/fixedcap@v1").status_code == 200
     assert router.admin("DELETE", "/admin/adapters/fixedcap@v1").status_code == 404
     assert router.chat(model="fixedcap@v1").status_code == 404
+
+
+def test_a_canary_splits_conversations_by_their_id_and_keeps_each_on_its_arm(router: Router) -> None:
+    """With `metadata.conversation_id` the canary's share is a share of conversations, whatever
+    their words; without it, a conversation's first user turn decides its arm, so conversations
+    that open alike all land on one arm."""
+    directory = router.adapters_dir / "split" / "v1"
+    make_adapter(router.base_dir, directory, "split", 1, 7)
+    body = {"capability": "split", "version": 1, "path": str(directory), "canary": 0.5}
+    assert router.admin("POST", "/admin/adapters", body).status_code == 200
+    assert router.routing("fixed", "split").status_code == 200
+
+    def served(conversation: str | None) -> str:
+        metadata = {"metadata": {"conversation_id": conversation}} if conversation else {}
+        response = router.chat(max_tokens=1, **metadata)
+        assert response.status_code == 200, response.text
+        return response.json()["model"]
+
+    arms = {f"c-{index}": served(f"c-{index}") for index in range(40)}  # the same words, 40 conversations
+    assert 8 <= list(arms.values()).count("split@v1") <= 32 and set(arms.values()) == {"split@v1", "base"}
+    assert all(served(conversation) == arm for conversation, arm in list(arms.items())[:10])  # each keeps its arm
+    assert len({served(None) for _ in range(6)}) == 1  # without an id: one arm for the same first turn
+    router.routing("off")
+    assert router.admin("DELETE", "/admin/adapters/split@v1").status_code == 200
 
 
 def test_gate_mode_needs_the_gate_module_and_a_gate_for_live_adapters(
@@ -566,7 +593,7 @@ def test_each_request_exports_a_genai_span_naming_its_adapter(router: Router) ->
     trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
     response = httpx.post(
         f"{router.url}/v1/chat/completions",
-        json={"model": "traced@v1", "messages": HELLO, "max_tokens": 3},
+        json={"model": "traced@v1", "messages": HELLO, "max_tokens": 3, "metadata": {"conversation_id": "c-traced"}},
         headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"},
         timeout=30,
     ).json()
@@ -584,6 +611,7 @@ def test_each_request_exports_a_genai_span_naming_its_adapter(router: Router) ->
     assert values["gen_ai.request.model"].string_value == "traced@v1"
     assert values["gen_ai.response.model"].string_value == "traced@v1"
     assert values["tracefix.router.adapter"].string_value == "traced@v1"
+    assert values["gen_ai.conversation.id"].string_value == "c-traced"
     assert values["gen_ai.usage.input_tokens"].int_value == response["usage"]["prompt_tokens"]
     assert values["gen_ai.usage.output_tokens"].int_value == 3
     assert values["gen_ai.response.id"].string_value == response["id"]

@@ -137,7 +137,7 @@ class Conversation:
         headers: dict[str, str] = {}
         inject(headers, context=trace.set_span_in_context(span))
         try:
-            reply = self.policy.respond(self.messages, headers, self.rng.randrange(2**31))
+            reply = self.policy.respond(self.messages, headers, self.rng.randrange(2**31), self.conversation_id)
         except PolicyError as error:
             span.set_attribute("error.type", error.error_type)
             span.set_status(Status(StatusCode.ERROR, str(error)))

@@ -67,8 +67,9 @@ class Policy(Protocol):
     provider: str  # gen_ai.provider.name of its chat spans
     model: str  # gen_ai.request.model
 
-    def respond(self, messages: list[dict[str, Any]], headers: dict[str, str], seed: int) -> Reply:
-        """The next assistant message; `headers` carry the trace context to the model endpoint."""
+    def respond(self, messages: list[dict[str, Any]], headers: dict[str, str], seed: int, conversation_id: str) -> Reply:
+        """The next assistant message; `headers` carry the trace context to the model endpoint, and
+        `conversation_id` names the conversation to it (OpenAI's request `metadata`)."""
         ...
 
 
@@ -85,13 +86,13 @@ class LLMPolicy:
         self.temperature = temperature
         self.tools = openai_tools()
 
-    def respond(self, messages: list[dict[str, Any]], headers: dict[str, str], seed: int) -> Reply:
+    def respond(self, messages: list[dict[str, Any]], headers: dict[str, str], seed: int, conversation_id: str) -> Reply:
         import openai
 
         try:
             response = self.client.chat.completions.create(
                 model=self.model, messages=messages, tools=self.tools, max_tokens=self.max_tokens,
-                temperature=self.temperature, seed=seed, extra_headers=headers,
+                temperature=self.temperature, seed=seed, extra_headers=headers, metadata={"conversation_id": conversation_id},
             )  # fmt: skip
         except openai.APIStatusError as error:
             message = f"the model endpoint answered {error.status_code}: {error.message}"
@@ -173,7 +174,7 @@ class ScriptedPolicy:
         self.skip_read = skip_read
         self.applied: list[str] = []  # flaws that changed what the agent did
 
-    def respond(self, messages: list[dict[str, Any]], headers: dict[str, str], seed: int) -> Reply:
+    def respond(self, messages: list[dict[str, Any]], headers: dict[str, str], seed: int, conversation_id: str) -> Reply:
         seen = _Seen.read(messages)
         intent = _intent(seen.user_texts[0])
         failed = seen.error()

@@ -68,6 +68,7 @@ class _Call:
             "gen_ai.request.seed": chat.seed,
             "gen_ai.request.stop_sequences": list(sampling.stop) or None,
             "gen_ai.request.choice.count": chat.n if chat.n != 1 else None,
+            "gen_ai.conversation.id": chat.conversation_id,
         })  # fmt: skip
 
     def routed(self, lease: Lease, expert: str, completion_id: str) -> None:
@@ -147,7 +148,7 @@ async def _submit(
         raise ApiError(400, str(error), param="messages") from None
     max_tokens = completion_budget(len(prompt), chat.requested_tokens, backend.context_tokens, settings.max_new_tokens)
     try:
-        lease = await run_in_threadpool(table.acquire, pinned, chat.first_user_turn())
+        lease = await run_in_threadpool(table.acquire, pinned, chat.first_user_turn(), chat.conversation_id)
     except UnknownAdapter:  # retired between the check and the lease
         raise model_not_found(chat.model) from None
     except BackendUnavailable as error:  # the classifier could not ask the model
