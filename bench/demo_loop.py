@@ -87,7 +87,8 @@ def render(report: dict[str, Any], command: str) -> str:
         f"Run of {report['seconds'] / 60:.1f} min (`--fast`: {report['settings']['fast']}, traffic {report['settings']['policy']} at "
         f"{report['settings']['rate']} conversations/s); training: warm start {training['warm_start_examples']} demonstrations × "
         f"{training['warm_start_epochs']} epochs, {training.get('warm_start_batch', 4)} per update, at learning rate "
-        f"{training['warm_start_learning_rate']:g}, recipe {training.get('recipe', 'sft+grpo')} with {training['steps']} GRPO steps of "
+        f"{training['warm_start_learning_rate']:g}"
+        f"{'' if training.get('warm_start_opening_gradient', True) else ', its gradient stopped at the opening'}, recipe {training.get('recipe', 'sft+grpo')} with {training['steps']} GRPO steps of "
         f"{training['groups_per_step']} × {training['group_size']} rollouts ({training.get('num_iterations', 1)} passes each), "
         f"{training['eval_seeds']} held-out seeds; "
         f"the model-driven traffic {'waits' if report['settings'].get('hold_while_training') else 'goes on'} while an adapter trains.",
