@@ -142,3 +142,41 @@ def test_the_kl_to_the_reference_is_zero_at_the_reference_and_positive_away_from
     moved.add(group_backward(adapted, prompt, completions, tokens, beta=0.1))
     assert at_reference.summary()["kl"] == pytest.approx(0.0, abs=1e-6)
     assert moved.summary()["kl"] > 1e-4
+
+
+def test_a_gradient_stopped_at_the_prompt_keeps_the_loss_and_matches_a_detached_prompt(adapted: Any) -> None:
+    import copy
+
+    prompt, completions = _group([9, 23, 14], seed=3)
+    tokens = sum(sum(item.mask) for item in completions)
+    adapted.zero_grad()
+    plain, _ = _plain_loss(adapted, prompt, completions, 0.2)
+    plain.backward()
+    full = _gradients(adapted)
+
+    # The reference: each row on its own after a copy of the prompt's cache (all but its last token)
+    # computed without autograd; the last prompt token and the completion run with gradients.
+    adapted.zero_grad()
+    with torch.no_grad():
+        head = adapted(input_ids=torch.tensor([prompt[:-1]]), use_cache=True).cache
+    total = torch.zeros(())
+    for item in completions:
+        ids = torch.tensor([prompt[-1:] + item.ids])
+        logits = adapted(input_ids=ids, cache=copy.deepcopy(head), use_cache=True).logits[0, :-1]
+        own = torch.log_softmax(logits.float(), -1).gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
+        trained = torch.tensor(item.mask, dtype=torch.bool)
+        total = total - (torch.exp(own - own.detach()) * item.advantage)[trained].sum()
+    (total / tokens).backward()
+    reference = _gradients(adapted)
+
+    adapted.zero_grad()
+    fresh = [Completion(item.ids, item.mask, item.advantage) for item in completions]
+    stats = group_backward(adapted, prompt, fresh, tokens, micro_batch=2, opening_gradient=False)
+    got = _gradients(adapted)
+
+    assert stats.loss == pytest.approx(float(plain.detach()), abs=1e-5)  # the forward pass is exact
+    for name in reference:
+        torch.testing.assert_close(got[name], reference[name], atol=1e-6, rtol=1e-3, msg=name)
+    # The gradient really stops: most LoRA matrices' gradients differ from the exact ones.
+    differing = [name for name in full if not torch.allclose(got[name], full[name], atol=1e-6, rtol=1e-3)]
+    assert len(differing) > len(full) // 2

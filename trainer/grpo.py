@@ -233,7 +233,10 @@ def optimise(model: Any, optimizer: Any, groups: list[tuple[list[int], list[Comp
         optimizer.zero_grad(set_to_none=True)
         stats = LossStats()
         for prompt, completions in groups:
-            stats.add(group_backward(model, prompt, completions, tokens, config.micro_batch, config.clip_epsilon, config.kl_beta, config.temperature))
+            stats.add(group_backward(
+                model, prompt, completions, tokens, config.micro_batch, config.clip_epsilon, config.kl_beta, config.temperature,
+                config.grpo_opening_gradient,
+            ))  # fmt: skip
         norm = float(torch.nn.utils.clip_grad_norm_(parameters, config.max_grad_norm))
         optimizer.step()
         passes.append({**stats.summary(), "grad_norm": round(norm, 4)})

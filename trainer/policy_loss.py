@@ -72,9 +72,18 @@ def _device(model: Any) -> torch.device:
     return next(model.parameters()).device
 
 
-def _prefix(model: Any, prompt: Sequence[int]) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
-    """The prompt's keys and values per layer (each [1, heads, P, dim]) and its last logit [1, V]."""
-    output = model(input_ids=torch.tensor([list(prompt)], device=_device(model)), use_cache=True, logits_to_keep=1)
+def _prefix(model: Any, prompt: Sequence[int], gradient: bool = True) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """The prompt's keys and values per layer (each [1, heads, P, dim]) and its last logit [1, V].
+    Without ``gradient`` all but the prompt's last token run without autograd: the last token's
+    keys, values and logit (which predicts every completion's first token) keep their gradient, as
+    the warm start's stopped opening does (``trainer.shared_prefix``)."""
+    ids = torch.tensor([list(prompt)], device=_device(model))
+    if gradient or len(prompt) < 2:
+        output = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+    else:
+        with torch.no_grad():
+            head = model(input_ids=ids[:, :-1], use_cache=True).cache
+        output = model(input_ids=ids[:, -1:], cache=head, use_cache=True, logits_to_keep=1)
     return [(layer.keys, layer.values) for layer in output.cache.layers], output.logits[:, -1]
 
 
@@ -148,11 +157,14 @@ def group_backward(
     epsilon: float = 0.2,
     beta: float = 0.0,
     temperature: float = 1.0,
+    opening_gradient: bool = True,
 ) -> LossStats:
     """Add the gradient of the group's loss (summed over its policy tokens, divided by
     ``normaliser``, the policy tokens of the whole batch) to the model's parameters; π is the
-    sampling distribution at ``temperature``."""
-    layers, last = _prefix(model, prompt)  # with gradients: the prefix runs through the LoRA weights too
+    sampling distribution at ``temperature``. Without ``opening_gradient`` the gradient stops at
+    the prompt's keys and values (all but its last token's): the loss is the same, the prompt's
+    backward pass is skipped."""
+    layers, last = _prefix(model, prompt, opening_gradient)  # the prefix runs through the LoRA weights too
     cut = [(keys.detach().requires_grad_(), values.detach().requires_grad_()) for keys, values in layers]
     cut_last = last.detach().requires_grad_()
     stats = LossStats()

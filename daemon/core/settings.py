@@ -358,6 +358,12 @@ class TrainingSettings(Section):
         " the opening's keys and values: an update skips the opening's backward pass (about 1.6x faster on a long"
         " opening), and the adapter learns from the demonstrations' own tokens only.",
     )
+    grpo_opening_gradient: bool = Field(
+        True,
+        description="GRPO's gradient flows back through the group's common prompt (exact); false stops it at the"
+        " prompt's keys and values, as warm_start_opening_gradient = false does for the warm start: the loss is the"
+        " same, the prompt's backward pass is skipped.",
+    )
     validation_seeds: int = Field(
         8, ge=1,
         description="Seeds 'auto' compares recipes on and keep_best compares GRPO's checkpoints on, disjoint from the"
