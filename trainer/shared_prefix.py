@@ -12,9 +12,9 @@ backward passes, (rows − 1) × prefix tokens per batch.
 With ``opening_gradient=False`` the prefix runs without autograd: the loss is the same, but the
 gradient stops at the prefix's keys and values, so the adapter learns only through the rows' own
 tokens (how they attend to the opening, not how the opening is represented). An update then skips
-the prefix's backward pass and keeps none of its activations: about 1.6× faster on the airline
-agent's 1,200-token opening. It is an approximation, off by default (``[training]
-warm_start_opening_gradient``).
+the prefix's backward pass and keeps none of its activations: 1.46× faster an update on the
+airline agent's 1,200-token opening (docs/performance.md). It is an approximation; the exact
+gradient is the default (``[training] warm_start_opening_gradient``).
 
 The loss is the summed negative log-likelihood of the labelled tokens over their count (or over
 ``num_items_in_batch`` when the trainer accumulates gradients), as in ``SFTTrainer``.
