@@ -1,15 +1,30 @@
-"""Greedy held-out rollouts (what the evaluation, the replay and the validation gate run) three
-ways, on the embedded SmolLM2-135M and a real environment: every row's whole prompt prefilled
-every turn; the episodes' common opening prefilled once and its key/value cache copied for every
-row (trainer/prefix_cache.py as it was); and the opening prefilled once and shared by the rows,
-its attention split (trainer/opening_attention.py, what the trainer runs):
+"""Greedy held-out rollouts (what the evaluation, the replay and the validation gate run, and GRPO
+samples the same way) on the embedded SmolLM2-135M and a real environment, in the ways the
+trainer's generation has had:
+
+- ``re-prefilled``: every row's whole prompt prefilled every turn;
+- ``opening copied per row``: the episodes' common opening prefilled once and its key/value cache
+  copied for every row (trainer/prefix_cache.py as it was; still the path of a sliding-window model);
+- ``shared, split prefill, turns anew``: the opening shared by the rows and attended through the
+  split (trainer/opening_attention.py's ``split_attention``) by every query, each turn's tails
+  prefilled anew;
+- ``shared, turns anew``: a turn's prefill attends through SDPA over the whole keys
+  (``whole_attention``), its decode steps through the split;
+- ``opening shared``: what the trainer runs, which also carries a batch's cache from turn to turn
+  and prefills only what is new in each (trainer/rollouts.py).
 
     python bench/rollout_prefix.py                                  # tool_call_precision, airline tools
     python bench/rollout_prefix.py --episodes 8 32 --repeats 3 --threads 2
+    python bench/rollout_prefix.py --adapter RUN/trials/sft+grpo/warm_start.safetensors \
+        --ways "shared, split prefill, turns anew" "shared, turns anew" "opening shared"
 
-Prints, per batch size, the median seconds of one batch of whole episodes each way, the ratios
-to the shared opening, and whether all three produced the same conversations (they must, up to
-float rounding).
+The base model answers in one turn on most seeds; ``--adapter`` (a LoRA weights file of the default
+``[training]`` LoRA settings, e.g. a demo run's warm start) plays the episodes of a trained policy,
+which read, then act, over several turns, whose prefills are longer.
+
+Prints, per batch size, the median seconds of one batch of whole episodes each way, the ratios to
+the last way, and whether all ways produced the same conversations (they must, up to float
+rounding: a near-tie between two tokens can go either way).
 """
 
 from __future__ import annotations
@@ -20,6 +35,7 @@ import statistics
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -28,32 +44,57 @@ from bench import airline_model  # noqa: E402
 from trainer import opening_attention, rollouts  # noqa: E402
 from trainer.rollouts import Sampling, generate_rollouts  # noqa: E402
 
-WAYS = ("re-prefilled", "opening copied per row", "opening shared")
+WAYS = ("re-prefilled", "opening copied per row", "shared, split prefill, turns anew", "shared, turns anew", "opening shared")
 
 
 @contextlib.contextmanager
 def _way(way: str) -> Iterator[None]:
     """Run ``generate_rollouts`` the given way: the trainer's code with the opening treated as not
     shareable (copied per row, what it does for a sliding-window model) or not prefilled at all."""
-    minimum, shareable = rollouts.MIN_PREFIX, opening_attention.shareable
+    minimum, shareable, whole, carry = rollouts.MIN_PREFIX, opening_attention.shareable, opening_attention.whole_attention, rollouts.CARRY_TURNS
     if way == "re-prefilled":
         rollouts.MIN_PREFIX = 10**9
     elif way == "opening copied per row":
         opening_attention.shareable = lambda opening: False
+    elif way != "opening shared":
+        rollouts.CARRY_TURNS = False
+        if way == "shared, split prefill, turns anew":
+            opening_attention.whole_attention = opening_attention.split_attention
     try:
         yield
     finally:
-        rollouts.MIN_PREFIX, opening_attention.shareable = minimum, shareable
+        rollouts.MIN_PREFIX, opening_attention.shareable, opening_attention.whole_attention, rollouts.CARRY_TURNS = minimum, shareable, whole, carry
+
+
+def with_adapter(model: Any, path: Path) -> Any:
+    """``model`` with the LoRA weights at ``path`` (the default ``[training]`` LoRA settings); weights
+    of another model or rank stop the bench rather than load in part."""
+    from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from daemon.core.settings import TrainingSettings
+    from trainer.recipes import lora_config
+
+    model = get_peft_model(model, lora_config(TrainingSettings()))
+    weights = load_file(str(path))
+    if set(weights) != set(get_peft_model_state_dict(model)):
+        raise SystemExit(f"--adapter {path}: not LoRA weights of this model with the default LoRA settings")
+    set_peft_model_state_dict(model, weights)
+    return model
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS), metavar="WAY", help=f"of: {', '.join(WAYS)} (the last is compared with)")
+    parser.add_argument("--adapter", type=Path, metavar="FILE", help="LoRA weights (.safetensors) to play with, default LoRA settings")
     airline_model.add_arguments(parser)
     arguments = parser.parse_args()
 
     tokenizer, model, environment = airline_model.load(arguments)
+    if arguments.adapter:
+        model = with_adapter(model, arguments.adapter)
     sampling = Sampling(arguments.max_new_tokens, 0.0)
 
     def run(seeds: range, way: str) -> tuple[float, list[list[dict]]]:
@@ -63,23 +104,24 @@ def main() -> None:
             return time.perf_counter() - started, [item.rollout.messages for item in produced]
 
     print(f"{arguments.capability} on the airline tools, {arguments.model}, {arguments.threads} threads, greedy, {arguments.max_new_tokens} new tokens per turn, {arguments.repeats} repeats")
-    print("| episodes per batch | " + " | ".join(f"{way}: s per batch" for way in WAYS) + " | ratios to shared | same conversations |")
-    print("|---|---|---|---|---|---|")
+    ways = [way for way in WAYS if way in arguments.ways]
+    print("| episodes per batch | " + " | ".join(f"{way}: s per batch" for way in ways) + f" | ratios to {ways[-1]} | same conversations |")
+    print("|---" * (len(ways) + 3) + "|")
     for size in arguments.episodes:
-        times: dict[str, list[float]] = {way: [] for way in WAYS}
+        times: dict[str, list[float]] = {way: [] for way in ways}
         same = 0
         for repeat in range(arguments.repeats):
             seeds = range(200_000 + repeat * size, 200_000 + (repeat + 1) * size)
             produced = {}
-            for way in WAYS:
+            for way in ways:
                 seconds, produced[way] = run(seeds, way)
                 times[way].append(seconds)
             same += sum(len({repr(conversation) for conversation in row}) == 1 for row in zip(*produced.values(), strict=True))
         medians = {way: statistics.median(values) for way, values in times.items()}
-        shared = medians["opening shared"]
+        last = medians[ways[-1]]
         print(
-            f"| {size} | " + " | ".join(f"{medians[way]:.2f}" for way in WAYS)
-            + f" | {medians['re-prefilled'] / shared:.2f}×, {medians['opening copied per row'] / shared:.2f}× | {same}/{size * arguments.repeats} |"
+            f"| {size} | " + " | ".join(f"{medians[way]:.2f}" for way in ways)
+            + " | " + ", ".join(f"{medians[way] / last:.2f}×" for way in ways[:-1]) + f" | {same}/{size * arguments.repeats} |"
         )
 
 

@@ -38,22 +38,42 @@ def _whole(split: Split) -> torch.Tensor:
     return torch.cat([split.opening.expand(rows, -1, -1, -1), split.own], dim=2)
 
 
-@pytest.mark.parametrize("queries", [1, 5])
-def test_the_split_attention_is_sdpa_over_the_whole_keys_with_padding_masked(queries: int) -> None:
-    torch.manual_seed(0)
-    rows, opening, own = 3, 20, 9
-    keys, values = _keys(rows, opening, own)
-    query = torch.randn(rows, 6, queries, 8)
-    mask = torch.ones(rows, 1, queries, opening + own, dtype=torch.bool)
+def _padded(queries: int, opening: int = 20, own: int = 9) -> tuple[Split, Split, torch.Tensor, torch.Tensor]:
+    """Keys, values, queries and SDPA's mask of 3 rows after an opening, rows 1 and 2 padded."""
+    keys, values = _keys(3, opening, own)
+    query = torch.randn(3, 6, queries, 8)
+    mask = torch.ones(3, 1, queries, opening + own, dtype=torch.bool)
     mask[1, :, :, opening : opening + 3] = False  # row 1's padding between the opening and its tail
     mask[2, :, :, opening : opening + 1] = False
     mask &= torch.ones(queries, opening + own, dtype=torch.bool).tril(opening + own - queries)  # causal among the queries
+    return keys, values, query, mask
+
+
+@pytest.mark.parametrize("queries", [1, 5])
+def test_the_split_attention_is_sdpa_over_the_whole_keys_with_padding_masked(queries: int) -> None:
+    torch.manual_seed(0)
+    rows = 3
+    keys, values, query, mask = _padded(queries)
     split, _ = _split_attention(_Module(), query, keys, values, mask, scaling=0.3)
     plain, _ = sdpa_attention_forward(_Module(), query, _whole(keys), _whole(values), mask, scaling=0.3)
     assert split.shape == plain.shape == (rows, queries, 6, 8)
     torch.testing.assert_close(split, plain, rtol=1e-5, atol=1e-5)
     mask[1, :, :, 0] = False  # a column that matters: the results must part
     assert not torch.allclose(_split_attention(_Module(), query, keys, values, mask, scaling=0.3)[0], split, atol=1e-3)
+
+
+@pytest.mark.parametrize("queries", [1, 5])
+def test_the_split_and_the_whole_keys_give_the_same_attention(queries: int) -> None:
+    """A decode step takes the split, a prefill SDPA over the whole keys; either serves either."""
+    torch.manual_seed(4)
+    keys, values, query, mask = _padded(queries)
+    split = attention.split_attention(query, keys, values, mask, 0.3)
+    whole = attention.whole_attention(query, keys, values, mask, 0.3)
+    assert split.shape == whole.shape == (3, 6, queries, 8)
+    torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-5)
+    additive = torch.zeros(mask.shape).masked_fill_(~mask, float("-inf"))  # a float mask means the same
+    torch.testing.assert_close(attention.split_attention(query, keys, values, additive, 0.3), whole, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(attention.whole_attention(query, keys, values, additive, 0.3), whole, rtol=1e-5, atol=1e-5)
 
 
 def test_without_a_mask_the_queries_are_causal_and_end_at_the_last_key() -> None:
@@ -180,3 +200,96 @@ def test_rollouts_share_the_opening_and_sample_what_copying_it_samples(tiny: tup
     assert OpeningCache not in made[-1:]
     assert [item.sequence() for item in shared] == [item.sequence() for item in copied]
     assert all(sum(message["role"] == "assistant" for message in item.rollout.messages) == 2 for item in shared)
+
+
+class _Talking(Instance):
+    """One to three turns (by seed) after a long opening, answered at lengths that differ by seed and turn."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__([], seed, 3)
+        self.turns = 0
+
+    def reset(self) -> list[Message]:
+        self.turns = 0
+        return [{"role": "system", "content": "You are the support agent of a small airline. " * 10}, {"role": "user", "content": f"Case {self.seed}."}]
+
+    def step(self, assistant: Message) -> StepResult:
+        self.turns += 1
+        return StepResult([{"role": "user", "content": "And then? " * (1 + (self.seed + self.turns) % 4)}], self.turns >= 1 + self.seed % 3)
+
+    def reward(self) -> float:
+        return 0.0
+
+    def solution(self) -> list[Message]:
+        return [assistant_text("Done."), assistant_text("Anything else?"), assistant_text("Goodbye.")]
+
+
+def _ending(model: torch.nn.Module, eos: int, bias: float) -> torch.nn.Module:
+    """``model`` with its end-of-turn token's logit raised by ``bias``: turns that end part-way."""
+    ending = copy.deepcopy(model)
+    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.zero_()
+        head.bias[eos] = bias
+    ending.lm_head = head
+    return ending
+
+
+def test_a_batch_carries_its_cache_from_turn_to_turn_and_samples_what_prefilling_anew_samples(
+    tiny: tuple[object, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the second turn on, a batch's earlier turns stay in its cache and only what is new is
+    prefilled: episodes that ended drop out, rows whose turn ended part-way keep nothing they
+    generated after it, answers of different lengths are padded, and the sampled tokens are those
+    of prefilling every turn anew after the shared opening."""
+    model, tokenizer = tiny
+    model = _ending(model, tokenizer.eos_token_id, 10.0)
+    carried: list[tuple[int, int]] = []
+    real = rollouts._carry
+    monkeypatch.setattr(rollouts, "_carry", lambda *a: carried.append((len(a[1]), sum(map(len, a[0].known)))) or real(*a))
+    sampling = rollouts.Sampling(max_new_tokens=8, temperature=1.0)
+    kept = rollouts.generate_rollouts(model, tokenizer, [_Talking(seed) for seed in range(6)], sampling, seed=5)
+    assert [rows for rows, _ in carried] == [4, 2]  # turns 2 and 3, after the one- and two-turn episodes ended
+    assert all(tokens > 0 for _, tokens in carried)
+    turns = sum(sum(item.rollout.from_policy) for item in kept)
+    assert turns == 12 and 0 < sum(item.truncated_turns for item in kept) < turns  # some turns ended part-way, some were cut
+    monkeypatch.setattr(rollouts, "CARRY_TURNS", False)
+    anew = rollouts.generate_rollouts(model, tokenizer, [_Talking(seed) for seed in range(6)], sampling, seed=5)
+    assert len(carried) == 2  # nothing carried this time
+    assert [item.sequence() for item in kept] == [item.sequence() for item in anew]
+
+
+def test_the_carried_cache_holds_each_row_s_known_tokens_as_a_fresh_prefill_would(tiny: tuple[object, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    """After every turn each row's attended columns hold the keys and values of its conversation so
+    far (prefilled alone, after the opening), in order: nothing it generated after its turn ended,
+    no padding, no other row's, also for a row that sat a turn out (its turn forced whole)."""
+    model, tokenizer = tiny
+    model = _ending(model, tokenizer.eos_token_id, 10.0)
+    states: list[tuple[set[int], list[list[int]], torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]] = []
+    real = rollouts._generate
+
+    def generate(*arguments: object) -> object:
+        turns, carried = real(*arguments)
+        layers = [(layer.keys.clone(), layer.values.clone()) for layer in carried.cache.layers]
+        states.append(({id(episode) for episode in carried.episodes}, [list(tokens) for tokens in carried.known], carried.mask.clone(), layers))
+        return turns, carried
+
+    monkeypatch.setattr(rollouts, "_generate", generate)
+    sampling = rollouts.Sampling(max_new_tokens=8, temperature=1.0)
+    guided = [seed % 3 == 2 for seed in range(9)]  # the three-turn episodes start from their solution's first tokens
+    rollouts.generate_rollouts(model, tokenizer, [_Talking(seed) for seed in range(9)], sampling, seed=0, guided=guided)
+    assert any(later - earlier for (earlier, *_), (later, *_) in zip(states, states[1:]))  # a row joined a carried batch
+    openings = [rollouts.ChatTokens(tokenizer).opening(_Talking(seed).reset()) for seed in range(9)]
+    shared = rollouts.common_prefix(openings)
+    ended_part_way = 0
+    for _, known, mask, layers in states:
+        for row, tokens in enumerate(known):
+            attended = mask[row].bool()
+            assert int(attended.sum()) == len(tokens)
+            ended_part_way += int(not attended[-1])
+            fresh = prefill(model, openings[0][:shared] + tokens)
+            for (keys, values), alone in zip(layers, fresh.layers, strict=True):  # the last layer's depend on the context
+                torch.testing.assert_close(keys[row][:, attended], alone.keys[0][:, shared:], rtol=1e-4, atol=1e-4)
+                torch.testing.assert_close(values[row][:, attended], alone.values[0][:, shared:], rtol=1e-4, atol=1e-4)
+    assert ended_part_way > 0  # some row's last columns were generated after its turn had ended

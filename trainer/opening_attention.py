@@ -7,7 +7,9 @@ row (``bench/rollout_prefix.py`` compares the two). Here the opening is kept onc
 in two: the opening's scores are one matrix product of all rows' queries with its keys, each row's
 own tokens are attended as usual, and one softmax runs over both. The same split as the cascade
 attention of FlashInfer and vLLM, and Hydragen (arXiv 2402.05099), written for the CPU in a few
-tensor operations.
+tensor operations. A prefill (a turn's tails, many queries a row) is the other way round: its
+queries, not the opening's copies, are the cost, and the split's scores would be materialised
+whole, so there the whole keys are built once and SDPA's fused kernel runs over them.
 
 ``rows_cache`` gives what ``generate`` needs for a batch after an opening: an ``OpeningCache``
 (only the rows' own tokens grow) and ``opening_attention(model)``, inside which the model's
@@ -81,6 +83,13 @@ class OpeningCache(DynamicCache):
         super().__init__()
         self.layers = [_OpeningLayer(layer.keys, layer.values) for layer in opening.layers]
 
+    def keep(self, rows: torch.Tensor, columns: torch.Tensor) -> None:
+        """Keep the rows ``rows`` (indices, in the order given; one may be taken twice) and, of the
+        rows' own columns, those where ``columns`` (boolean) is set. The opening stays as it is."""
+        for layer in self.layers:
+            layer.keys = layer.keys[rows][:, :, columns]
+            layer.values = layer.values[rows][:, :, columns]
+
 
 def _split_attention(
     module: Any, query: torch.Tensor, key: Any, value: Any, attention_mask: torch.Tensor | None, scaling: float | None = None, **kwargs: Any
@@ -89,14 +98,26 @@ def _split_attention(
 
     query ``[rows, heads, q, dim]``; ``key``/``value`` are ``Split``s; the mask (SDPA's, True where
     attended) is ``[rows, 1, q, opening + own]`` or None when nothing is masked. Returns
-    ``[rows, q, heads, dim]`` as SDPA does.
+    ``[rows, q, heads, dim]`` as SDPA does. A decode step (one query a row) takes the split
+    (``split_attention``), a prefill the whole keys (``whole_attention``).
     """
     if not isinstance(key, Split):
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-    rows, heads, length, dim = query.shape
-    kv_heads = key.opening.shape[1]
-    opening = key.opening.shape[2]
+    length, dim = query.shape[2], query.shape[3]
     scale = scaling if scaling is not None else dim**-0.5
+    if attention_mask is None and length > 1:  # SDPA leaves causality to the kernel when nothing else is masked
+        columns = key.opening.shape[2] + key.own.shape[2]
+        attention_mask = torch.ones(length, columns, dtype=torch.bool, device=query.device).tril(columns - length)[None, None]
+    attend = whole_attention if length > 1 else split_attention
+    return attend(query, key, value, attention_mask, scale).transpose(1, 2).contiguous(), None
+
+
+def split_attention(query: torch.Tensor, key: Split, value: Split, attention_mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """``[rows, heads, q, dim]``: the opening's scores one product per kv head with all rows'
+    queries, the rows' own as usual, one softmax over both. ``attention_mask`` as
+    ``_split_attention``'s, None only when every column is attended."""
+    rows, heads, length, dim = query.shape
+    kv_heads, opening = key.opening.shape[1], key.opening.shape[2]
     grouped = query.reshape(rows, kv_heads, heads // kv_heads, length, dim)  # the heads sharing a kv head
     # [rows, kv_heads, group, q, opening + own]: the opening's part is one product per kv head
     scores = torch.cat(
@@ -106,10 +127,7 @@ def _split_attention(
         ],
         dim=-1,
     ).mul_(scale)
-    if attention_mask is None and length > 1:  # SDPA leaves causality to the kernel when nothing else is masked
-        columns = scores.shape[-1]
-        attention_mask = torch.ones(length, columns, dtype=torch.bool, device=query.device).tril(columns - length)[None, None]
-    if attention_mask is not None:  # None now only for one query a row with every column attended
+    if attention_mask is not None:
         if attention_mask.dtype == torch.bool:
             scores.masked_fill_(~attention_mask[:, :, None], float("-inf"))
         else:
@@ -117,7 +135,18 @@ def _split_attention(
     weights = scores.softmax(dim=-1)
     output = torch.einsum("bkgqp,kpd->bkgqd", weights[..., :opening], value.opening[0])
     output += torch.einsum("bkgqt,bktd->bkgqd", weights[..., opening:], value.own)
-    return output.reshape(rows, heads, length, dim).transpose(1, 2).contiguous(), None
+    return output.reshape(rows, heads, length, dim)
+
+
+def whole_attention(query: torch.Tensor, key: Split, value: Split, attention_mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """``split_attention``'s result, from SDPA's fused kernel over the opening copied for every row.
+    For a prefill the copies cost little beside its queries, and the split would materialise all of
+    its scores: 3.7× faster for 32 rows of 130 queries after an opening of 1,185 tokens on two cores."""
+    rows, heads = query.shape[:2]
+    whole_keys, whole_values = (torch.cat([part.opening.expand(rows, -1, -1, -1), part.own], dim=2) for part in (key, value))
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, whole_keys, whole_values, attn_mask=attention_mask, scale=scale, enable_gqa=key.opening.shape[1] != heads
+    )
 
 
 AttentionInterface.register(NAME, _split_attention)

@@ -12,6 +12,11 @@ A guided episode starts from a forced prefix of the environment's own solution, 
 are trained as the policy's (guided GRPO, the paper's hint injection done at the token level).
 A greedy episode is decoded greedily in the same lockstep pass as the sampled ones (its rows'
 logits cut to their largest), so a group can carry the answer greedy evaluation would give.
+
+The episodes' common opening is prefilled once and shared by the rows (``trainer.prefix_cache``,
+``trainer.opening_attention``), and a batch's cache is carried from one turn to the next: a turn
+prefills only what is new since the last (the environment's answer, the next generation prompt),
+not the conversation so far.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from typing import Any
 
 from trainer.environment import Instance, Message, Rollout
 from trainer.prefix_cache import MIN_PREFIX, common_prefix, layout, prefill
+
+CARRY_TURNS = True  # a batch's cache carried from turn to turn (``_generate``); off only to measure it
 
 
 def with_hint(messages: list[Message], hint: str | None) -> list[Message]:
@@ -157,6 +164,7 @@ def generate_rollouts(
             opening = episodes[0].context[:shared]
             opening_cache = prefill(model, opening)
         turn = 0
+        carried: _Carried | None = None
         while live := [episode for episode in episodes if not episode.done]:
             torch.manual_seed(seed * 7919 + turn)
             starts = [episode.forced.pop(0) if episode.forced else [] for episode in live]
@@ -165,7 +173,7 @@ def generate_rollouts(
             sampled: dict[int, list[int]] = {index: starts[index] for index, done in enumerate(whole) if done}
             if sampling_rows:
                 rows = [live[index] for index in sampling_rows]
-                turns = _generate(model, tokenizer, rows, sampling, opening, opening_cache, [starts[index] for index in sampling_rows])
+                turns, carried = _generate(model, tokenizer, rows, sampling, opening, opening_cache, [starts[index] for index in sampling_rows], carried)
                 sampled.update({index: starts[index] + ids for index, ids in zip(sampling_rows, turns, strict=True)})
             for index, episode in enumerate(live):
                 _advance(chat, episode, sampled[index], sampling)
@@ -206,6 +214,42 @@ def forced_solution(chat: ChatTokens, instance: Instance, cut: Any) -> list[list
     return forced
 
 
+@dataclass(slots=True)
+class _Carried:
+    """A batch's cache after its turn, kept for the next (``OpeningCache``: the opening shared, the
+    rows' own keys after it): its episodes in row order, each row's tokens after the opening in the
+    order of the columns it attends, and which of the own columns each row attends (the others are
+    padding, or tokens generated after the row's turn had ended)."""
+
+    cache: Any
+    episodes: list[_Episode]
+    known: list[list[int]]
+    mask: Any  # [rows, own columns], 1 where the row attends
+
+
+def _carry(carried: _Carried, episodes: list[_Episode], opening: list[int]) -> tuple[Any, list[list[int]], Any]:
+    """The carried cache cut to this turn's rows (in ``episodes``' order) and to the own columns any
+    of them attends, with each row's known tokens and its mask. A row the cache does not hold (it did
+    not sample last turn) starts afresh: no known tokens, nothing attended."""
+    import torch
+
+    index = {id(episode): row for row, episode in enumerate(carried.episodes)}
+    rows, known = [], []
+    for episode in episodes:
+        row = index.get(id(episode))
+        tokens = carried.known[row] if row is not None else []
+        if row is None or episode.context[len(opening) : len(opening) + len(tokens)] != tokens:
+            row, tokens = None, []
+        rows.append(row)
+        known.append(tokens)
+    picked = torch.tensor([row if row is not None else 0 for row in rows], device=carried.mask.device)
+    mask = carried.mask[picked].clone()
+    mask[[position for position, row in enumerate(rows) if row is None]] = 0
+    columns = mask.bool().any(dim=0)
+    carried.cache.keep(picked, columns)
+    return carried.cache, known, mask[:, columns]
+
+
 def _generate(
     model: Any,
     tokenizer: Any,
@@ -214,26 +258,40 @@ def _generate(
     opening: list[int],
     opening_cache: Any,
     starts: Sequence[Sequence[int]] | None = None,
-) -> list[list[int]]:
+    carried: _Carried | None = None,
+) -> tuple[list[list[int]], _Carried | None]:
     """One assistant turn for each episode, the sampled ids up to and including the end-of-turn
     token, sampled after the turn's forced start (``starts``, when given). The batch is laid out
     ``[opening][padding][tail]`` (``trainer.prefix_cache``), the opening's cache (when there is
-    one) shared by its rows (``trainer.opening_attention``)."""
+    one) shared by its rows (``trainer.opening_attention``). With ``carried`` (the last turn's
+    cache, when its opening was shared) the rows' earlier turns are not run again: the batch is
+    ``[opening][the carried columns][padding][what is new]`` and only what is new is prefilled, the
+    vLLM prefix cache's saving for a conversation's next turn. Returns the turns and the cache to
+    carry to the next turn (None where the opening is not shared)."""
     import torch
 
     from trainer import opening_attention
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     starts = starts or [[] for _ in episodes]
-    tails = [episode.context[len(opening) :] + list(start) for episode, start in zip(episodes, starts, strict=True)]
-    input_ids, attention = layout(opening, tails, pad)
     device = next(model.parameters()).device  # the first GPU when training there
-    input_ids, attention = input_ids.to(device), attention.to(device)
-    width = input_ids.shape[1]
     extra: dict[str, Any] = {}
     attending: Any = contextlib.nullcontext()
+    known: list[list[int]] = [[] for _ in episodes]
+    own_mask = torch.zeros((len(episodes), 0), dtype=torch.long, device=device)
     if opening_cache is not None:
         extra["cache"], attending = opening_attention.rows_cache(model, opening_cache, len(episodes))
+        if carried is not None and CARRY_TURNS and isinstance(extra["cache"], opening_attention.OpeningCache):
+            extra["cache"], known, own_mask = _carry(carried, episodes, opening)
+    tails = [episode.context[len(opening) + len(done) :] + list(start) for episode, done, start in zip(episodes, known, starts, strict=True)]
+    input_ids, attention = layout(opening, tails, pad)
+    input_ids, attention = input_ids.to(device), attention.to(device)
+    carried_columns = own_mask.shape[1]
+    if carried_columns:  # the carried columns go between the opening and the new tails; their ids are never read
+        filler = torch.full((len(episodes), carried_columns), pad, dtype=input_ids.dtype, device=device)
+        input_ids = torch.cat([input_ids[:, : len(opening)], filler, input_ids[:, len(opening) :]], dim=1)
+        attention = torch.cat([attention[:, : len(opening)], own_mask.to(attention.dtype), attention[:, len(opening) :]], dim=1)
+    width = input_ids.shape[1]
     sample = sampling.temperature > 0
     if sample and (argmax := [row for row, episode in enumerate(episodes) if episode.greedy]):
         from transformers import LogitsProcessorList
@@ -257,7 +315,18 @@ def _generate(
         if tokenizer.eos_token_id in row:
             row = row[: row.index(tokenizer.eos_token_id) + 1]
         turns.append(row)
-    return turns
+    cache = extra.get("cache")
+    if not isinstance(cache, opening_attention.OpeningCache):
+        return turns, None
+    # The cache holds every generated column but the last (never fed back); a row's own are those
+    # up to its end-of-turn token, the rest it generated after its turn had ended.
+    fed = output.shape[1] - width - 1
+    generated = torch.tensor([[1] * min(len(turn), fed) + [0] * (fed - min(len(turn), fed)) for turn in turns], dtype=torch.long, device=device)
+    mask = torch.cat([attention[:, len(opening) :], generated.reshape(len(turns), fed)], dim=1)
+    if cache.get_seq_length() != len(opening) + mask.shape[1]:  # not the layout expected: carry nothing
+        return turns, None
+    known = [done + tail + turn[:fed] for done, tail, turn in zip(known, tails, turns, strict=True)]
+    return turns, _Carried(cache, list(episodes), known, mask)
 
 
 class _ArgmaxRows:
