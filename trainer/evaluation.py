@@ -46,13 +46,19 @@ class Score:
         )
 
 
-def score(model: Any, tokenizer: Any, environment: Environment, seeds: Sequence[int], sampling: Sampling, batch: int = 32) -> Score:
+# Episodes per lockstep pass. A pass costs about the steps of its longest episode, each step little
+# more for more rows: 48 seeds of the demo's held-out evaluation took 82 s in one pass of 48 where
+# passes of 32 and 16 took 96 s (a trained policy; 36 s against 47 s for the base model). Two cores.
+BATCH = 48
+
+
+def score(model: Any, tokenizer: Any, environment: Environment, seeds: Sequence[int], sampling: Sampling, batch: int = BATCH) -> Score:
     """Greedy rollouts on ``seeds``, ``batch`` episodes per lockstep pass."""
     return Score.of(*play(model, tokenizer, environment, seeds, sampling, batch))
 
 
 def play(
-    model: Any, tokenizer: Any, environment: Environment, seeds: Sequence[int], sampling: Sampling, batch: int = 32
+    model: Any, tokenizer: Any, environment: Environment, seeds: Sequence[int], sampling: Sampling, batch: int = BATCH
 ) -> tuple[list[float], list[bool]]:
     """Each seed's reward and success, greedy, ``batch`` episodes per lockstep pass."""
     greedy = Sampling(sampling.max_new_tokens, 0.0, max_turns=sampling.max_turns, max_length=sampling.max_length)
