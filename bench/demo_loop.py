@@ -91,7 +91,7 @@ def render(report: dict[str, Any], command: str) -> str:
         f"{'' if training.get('warm_start_opening_gradient', True) else ', its gradient stopped at the opening'}, recipe {training.get('recipe', 'sft+grpo')} with {training['steps']} GRPO steps of "
         f"{training['groups_per_step']} × {training['group_size']} rollouts ({training.get('num_iterations', 1)} passes each), "
         f"{training['eval_seeds']} held-out seeds; "
-        f"the model-driven traffic {'waits' if report['settings'].get('hold_while_training') else 'goes on'} while a gate validates or an adapter trains.",
+        f"the model-driven traffic {'waits' if report['settings'].get('hold_while_training') else 'goes on'} while an adapter trains.",
         "",
         "| what | measured |",
         "|---|---|",

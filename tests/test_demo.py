@@ -209,7 +209,7 @@ def test_with_two_adapters_wanted_each_gets_its_periods_and_after_waits_for_both
     both adapters are live."""
     import threading
 
-    from daemon.app.demo import Narrator, Tally, busy
+    from daemon.app.demo import Narrator, Tally
 
     lines: list[str] = []
     tally, hold = Tally(), threading.Event()
@@ -222,8 +222,8 @@ def test_with_two_adapters_wanted_each_gets_its_periods_and_after_waits_for_both
     narrator._adapters([{**first, "state": "live"}], {})
     tally.add("c", True)
     # The second capability trains: with one adapter live of two wanted, the traffic holds for it.
-    narrator._hold(busy([{"run_id": 2, "capability": "error_recovery", "version": 1, "status": "rejected_by_eval"},
-                         {"run_id": 3, "capability": "error_recovery", "version": 1, "status": "running", "config": {}}], []))  # fmt: skip
+    narrator._runs([{"run_id": 2, "capability": "error_recovery", "version": 1, "status": "rejected_by_eval"},
+                    {"run_id": 3, "capability": "error_recovery", "version": 1, "status": "running", "config": {}}])  # fmt: skip
     assert hold.is_set()
     narrator._adapters([{**first, "state": "live"}, {**second, "state": "canary"}], {})
     tally.add("d", True)
@@ -232,30 +232,6 @@ def test_with_two_adapters_wanted_each_gets_its_periods_and_after_waits_for_both
     assert tally.outcomes == {"before": {"a": False}, "canary 1": {"b": False}, "after 1": {"c": True}, "canary 2": {"d": True}, "after": {"e": True}}
     assert narrator.lives == ["tool_call_precision", "error_recovery"] and narrator.live == "tool_call_precision"
     assert lines[-1] == "error_recovery@v1 is live: the agent's conversations from now on count as 'after'"
-
-
-def test_the_model_driven_traffic_holds_while_a_gate_or_a_run_has_the_cores() -> None:
-    """The gate's rollouts and the trainer are model subprocesses on the same cores as the router:
-    the traffic holds for either (a run first), and resumes once neither is busy."""
-    import threading
-
-    from daemon.app.demo import Narrator, Tally, busy
-
-    lines: list[str] = []
-    hold = threading.Event()
-    narrator = Narrator(None, Tally(), False, "http://127.0.0.1:8501", lines.append, hold)  # type: ignore[arg-type]
-    validating = [{"environment_id": 4, "status": "validating"}, {"environment_id": 3, "status": "validated"}]
-    running = [{"run_id": 7, "status": "running"}, {"run_id": 6, "status": "candidate"}]
-    assert busy([], [{"environment_id": 3, "status": "validated"}]) is None and busy(running[1:], []) is None
-    narrator._hold(busy([], validating))
-    assert hold.is_set() and lines == ["model-driven traffic holds while the gate validates environment 4 (it gets the cores)"]
-    narrator._hold(busy(running, validating))  # a run and a gate at once: the run is named
-    narrator._hold(busy(running, validating))
-    assert hold.is_set() and lines[1:] == ["model-driven traffic holds while run 7 trains (the trainer gets the cores)"]
-    narrator._hold(busy(running[1:], []))
-    assert not hold.is_set() and lines[2:] == ["model-driven traffic resumes"]
-    narrator._hold(None)
-    assert len(lines) == 3
 
 
 def test_a_run_whose_time_ends_before_after_still_closes_with_what_it_measured() -> None:

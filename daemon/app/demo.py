@@ -56,9 +56,8 @@ DEMO: dict[str, dict[str, Any]] = {
         "learning_rate": 2e-4, "warm_start_examples": 96, "warm_start_epochs": 2,
         "eval_seeds": 48, "eval_interference": False, "save_steps": 2, "keep_best": False, "threads": 2,
     },  # fmt: skip
-    # The router and the trainer each get both cores: the model-driven traffic holds while a gate or
-    # a training run has them, so the two take turns (but in 'after', while the next capability trains).
-    "model": {"max_new_tokens": 96, "threads": 2},
+    # The router gets one thread; the trainer both, since the model-driven traffic holds while it trains.
+    "model": {"max_new_tokens": 96, "threads": 1},
     "promotion": {"interval_s": 5.0, "canary_fraction": 0.5, "canary_min_trajectories": 10, "watch_min_trajectories": 30},
 }
 FAST: dict[str, dict[str, Any]] = {
@@ -226,18 +225,6 @@ def share_text(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0%}"
 
 
-def busy(runs: list[dict[str, Any]], environments: list[dict[str, Any]]) -> tuple[str, str] | None:
-    """What the model-driven traffic holds for (its event key and text), if anything: a run that
-    trains, or else an environment the gate validates. Both are model subprocesses that take the
-    cores; the traffic's conversations would only slow them and wait for the router."""
-    if running := [item for item in runs if item["status"] == "running"]:
-        return f"hold:{running[0]['run_id']}", f"model-driven traffic holds while run {running[0]['run_id']} trains (the trainer gets the cores)"
-    if validating := [item for item in environments if item["status"] == "validating"]:
-        found = validating[0]["environment_id"]
-        return f"hold:gate:{found}", f"model-driven traffic holds while the gate validates environment {found} (it gets the cores)"
-    return None
-
-
 def environment_text(item: dict[str, Any], warm_start: bool = True) -> str:
     """An environment's status, with what the validation gate measured once it decided; with
     `warm_start` ([training] warm_start_examples > 0), an environment too hard for the base is
@@ -267,8 +254,7 @@ class Narrator:
         self.client = client
         self.adapters = adapters  # live adapters wanted before the 'after' period
         self.warm_start = warm_start  # an environment too hard for the base still trains (from its solutions)
-        self.hold = hold  # when given: set while a gate or a run has the cores, outside the canary and 'after' (the model-driven traffic waits)
-        self.held = ""  # the event key of the latest hold
+        self.hold = hold  # when given: set while a run trains before any adapter serves (the model-driven traffic waits)
         self.tally = tally
         self.auto_approve = auto_approve
         self.dashboard_url = dashboard_url
@@ -308,11 +294,8 @@ class Narrator:
         )
         self._capabilities(capabilities)
         self._environments(environments)
-        # The canary and the 'after' period need the model-driven traffic; otherwise it holds while a
-        # gate validates an environment or a run trains.
-        measuring = any(item["state"] == "canary" for item in adapters) or self.tally.period == "after"
-        self._runs(runs)
-        self._hold(None if measuring else busy(runs, environments))
+        # The canary and the 'after' period need the model-driven traffic; otherwise it holds while a run trains.
+        self._runs(runs, measuring=any(item["state"] == "canary" for item in adapters) or self.tally.period == "after")
         self._adapters(adapters, routing)
         self._decisions(audit, {item["adapter_id"]: f"{item['capability']}@v{item['version']}" for item in adapters})
         self.rows["model-driven failure rate"] = " · ".join(
@@ -343,25 +326,24 @@ class Narrator:
             latest = environments[0]
             self.rows["environment"] = f"{latest['family']}: {latest['status']}"
 
-    def _hold(self, reason: tuple[str, str] | None) -> None:
-        """Hold the model-driven traffic for ``reason`` (its event key and text: ``busy``), or let it
-        go on when there is none."""
-        if self.hold is None:
-            return
-        if reason is not None:
-            self.hold.set()
-            self.held = reason[0]
-            self.event(*reason)
-        elif self.hold.is_set():
-            self.hold.clear()
-            self.event(f"resume:{self.held}", "model-driven traffic resumes")
-
-    def _runs(self, runs: list[dict[str, Any]]) -> None:
-        """Narrate the latest run."""
+    def _runs(self, runs: list[dict[str, Any]], measuring: bool = False) -> None:
+        """Narrate the latest run; hold the model-driven traffic while one trains, unless an adapter
+        is in canary or live (the canary and the after-measurement need that traffic)."""
         if not runs:
             return
         run = runs[0]
         self.event(f"run:{run['run_id']}:{run['status']}", f"training run {run['run_id']} ({run['capability']} v{run['version']}): {run['status']}")
+        running = [item for item in runs if item["status"] == "running"] if not measuring else []
+        if self.hold is not None and bool(running) != self.hold.is_set():
+            if running:
+                self.hold.set()
+                self.event(
+                    f"hold:{running[0]['run_id']}",
+                    f"model-driven traffic holds while run {running[0]['run_id']} trains (the trainer gets the cores)",
+                )  # fmt: skip
+            else:
+                self.hold.clear()
+                self.event(f"resume:{runs[0]['run_id']}", "model-driven traffic resumes")
         if run["status"] == "running":
             detail = self.client.get(f"/api/runs/{run['run_id']}")
             progress = detail.get("progress") or []
