@@ -10,13 +10,16 @@ trainer's generation has had:
   prefilled anew;
 - ``shared, turns anew``: a turn's prefill attends through SDPA over the whole keys
   (``whole_attention``), its decode steps through the split;
-- ``opening shared``: what the trainer runs, which also carries a batch's cache from turn to turn
-  and prefills only what is new in each (trainer/rollouts.py).
+- ``carried, rows to the longest``: also a batch's cache carried from turn to turn, only what is
+  new in each prefilled (trainer/rollouts.py), every row decoded until the longest turn of the
+  batch ends, as ``generate`` does;
+- ``opening shared``: what the trainer runs, in which a row leaves the batch when its turn ends
+  (trainer/decode.py).
 
     python bench/rollout_prefix.py                                  # tool_call_precision, airline tools
     python bench/rollout_prefix.py --episodes 8 32 --repeats 3 --threads 2
     python bench/rollout_prefix.py --adapter RUN/trials/sft+grpo/warm_start.safetensors \
-        --ways "shared, split prefill, turns anew" "shared, turns anew" "opening shared"
+        --ways "shared, turns anew" "carried, rows to the longest" "opening shared"
 
 The base model answers in one turn on most seeds; ``--adapter`` (a LoRA weights file of the default
 ``[training]`` LoRA settings, e.g. a demo run's warm start) plays the episodes of a trained policy,
@@ -41,29 +44,31 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import airline_model  # noqa: E402
-from trainer import opening_attention, rollouts  # noqa: E402
+from trainer import decode, opening_attention, rollouts  # noqa: E402
 from trainer.rollouts import Sampling, generate_rollouts  # noqa: E402
 
-WAYS = ("re-prefilled", "opening copied per row", "shared, split prefill, turns anew", "shared, turns anew", "opening shared")
+WAYS = ("re-prefilled", "opening copied per row", "shared, split prefill, turns anew", "shared, turns anew", "carried, rows to the longest", "opening shared")
 
 
 @contextlib.contextmanager
 def _way(way: str) -> Iterator[None]:
     """Run ``generate_rollouts`` the given way: the trainer's code with the opening treated as not
     shareable (copied per row, what it does for a sliding-window model) or not prefilled at all."""
-    minimum, shareable, whole, carry = rollouts.MIN_PREFIX, opening_attention.shareable, opening_attention.whole_attention, rollouts.CARRY_TURNS
+    minimum, shareable, whole, carry, let_go = rollouts.MIN_PREFIX, opening_attention.shareable, opening_attention.whole_attention, rollouts.CARRY_TURNS, decode.LET_GO
+    if way != "opening shared":
+        decode.LET_GO = False
     if way == "re-prefilled":
         rollouts.MIN_PREFIX = 10**9
     elif way == "opening copied per row":
         opening_attention.shareable = lambda opening: False
-    elif way != "opening shared":
+    elif way not in ("opening shared", "carried, rows to the longest"):
         rollouts.CARRY_TURNS = False
         if way == "shared, split prefill, turns anew":
             opening_attention.whole_attention = opening_attention.split_attention
     try:
         yield
     finally:
-        rollouts.MIN_PREFIX, opening_attention.shareable, opening_attention.whole_attention, rollouts.CARRY_TURNS = minimum, shareable, whole, carry
+        rollouts.MIN_PREFIX, opening_attention.shareable, opening_attention.whole_attention, rollouts.CARRY_TURNS, decode.LET_GO = minimum, shareable, whole, carry, let_go
 
 
 def with_adapter(model: Any, path: Path) -> Any:

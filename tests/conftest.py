@@ -199,6 +199,23 @@ def wide_tiny_model(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer:
     return tiny_random_model(tmp_path_factory.mktemp("wide-tiny"), smollm2_tokenizer, initializer_range=0.2)
 
 
+def ending_model(model: Any, eos: int, bias: float) -> Any:
+    """A copy of ``model`` with its end-of-turn token's logit raised by ``bias``: turns of a tiny
+    random model that end part-way, at different lengths."""
+    import copy
+
+    import torch
+
+    ending = copy.deepcopy(model)
+    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(model.lm_head.weight)
+        head.bias.zero_()
+        head.bias[eos] = bias
+    ending.lm_head = head
+    return ending
+
+
 def wait_for(condition: Any, timeout_s: float = 30.0, poll_s: float = 0.2) -> Any:
     """The first truthy value of ``condition()`` within ``timeout_s``; TimeoutError after."""
     deadline = time.monotonic() + timeout_s

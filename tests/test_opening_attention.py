@@ -13,9 +13,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from tests.conftest import ending_model
 from trainer import model as models
 from trainer import opening_attention as attention
 from trainer import rollouts
+from trainer.decode import leaving
 from trainer.environment import Instance, Message, StepResult, assistant_text
 from trainer.opening_attention import NAME, OpeningCache, Split, _OpeningLayer, _split_attention, opening_attention, rows_cache
 from trainer.prefix_cache import layout, prefill
@@ -107,6 +109,28 @@ def test_the_rows_own_keys_grow_in_place_and_are_those_appended() -> None:
     assert torch.equal(keys.own, whole) and torch.equal(values.own, whole * 2)
     assert layer.get_seq_length() == 10 + 155
     assert 1 < len(starts) < 5  # a few buffers, each doubled, not one per step
+
+
+def test_rows_that_leave_make_room_in_place_for_rows_that_stay() -> None:
+    """``decode.leaving``'s order moves each row after the staying ones into a leaving row's place:
+    the kept rows' keys are those they had, and the buffers are written on, not started anew."""
+    torch.manual_seed(5)
+    opening = torch.randn(1, 2, 10, 8)
+    cache = OpeningCache(DynamicCache())
+    cache.layers = [_OpeningLayer(opening, opening.clone())]
+    layer = cache.layers[0]
+    first = torch.randn(6, 2, 4, 8)
+    layer.update(first, first * 2)
+    start = layer.keys.data_ptr()
+    writing = [0, 2, 4, 5]  # rows 1 and 3 leave
+    order = leaving(writing, 6)
+    assert sorted(order) == writing and order[0] == 0 and order[2] == 2  # rows in place stay there
+    cache.let_go(order)
+    step = torch.randn(4, 2, 1, 8)
+    keys, values = layer.update(step, step * 2)
+    assert keys.own.data_ptr() == start  # the same buffer
+    assert torch.equal(keys.own, torch.cat([first[order], step], dim=2)) and torch.equal(values.own, keys.own * 2)
+    assert leaving([1, 2], 3) == [2, 1] and leaving([0, 1], 2) == [0, 1] and leaving([], 4) == []
 
 
 @pytest.fixture(scope="module")
@@ -224,18 +248,6 @@ class _Talking(Instance):
         return [assistant_text("Done."), assistant_text("Anything else?"), assistant_text("Goodbye.")]
 
 
-def _ending(model: torch.nn.Module, eos: int, bias: float) -> torch.nn.Module:
-    """``model`` with its end-of-turn token's logit raised by ``bias``: turns that end part-way."""
-    ending = copy.deepcopy(model)
-    head = torch.nn.Linear(model.lm_head.in_features, model.lm_head.out_features, bias=True)
-    with torch.no_grad():
-        head.weight.copy_(model.lm_head.weight)
-        head.bias.zero_()
-        head.bias[eos] = bias
-    ending.lm_head = head
-    return ending
-
-
 def test_a_batch_carries_its_cache_from_turn_to_turn_and_samples_what_prefilling_anew_samples(
     tiny: tuple[object, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -244,7 +256,7 @@ def test_a_batch_carries_its_cache_from_turn_to_turn_and_samples_what_prefilling
     generated after it, answers of different lengths are padded, and the sampled tokens are those
     of prefilling every turn anew after the shared opening."""
     model, tokenizer = tiny
-    model = _ending(model, tokenizer.eos_token_id, 10.0)
+    model = ending_model(model, tokenizer.eos_token_id, 10.0)
     carried: list[tuple[int, int]] = []
     real = rollouts._carry
     monkeypatch.setattr(rollouts, "_carry", lambda *a: carried.append((len(a[1]), sum(map(len, a[0].known)))) or real(*a))
@@ -265,7 +277,7 @@ def test_the_carried_cache_holds_each_row_s_known_tokens_as_a_fresh_prefill_woul
     far (prefilled alone, after the opening), in order: nothing it generated after its turn ended,
     no padding, no other row's, also for a row that sat a turn out (its turn forced whole)."""
     model, tokenizer = tiny
-    model = _ending(model, tokenizer.eos_token_id, 10.0)
+    model = ending_model(model, tokenizer.eos_token_id, 10.0)
     states: list[tuple[set[int], list[list[int]], torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]] = []
     real = rollouts._generate
 

@@ -58,18 +58,27 @@ class _OpeningLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
             self.keys, self.values = key_states[..., :0, :], value_states[..., :0, :]
-        held, added = self.keys.shape[-2], key_states.shape[-2]
+        rows, held, added = key_states.shape[0], self.keys.shape[-2], key_states.shape[-2]
         buffers = self._buffers
-        if buffers is None or buffers[0].shape[-2] < held + added or buffers[0].data_ptr() != self.keys.data_ptr() or buffers[0].shape[0] != self.keys.shape[0]:
+        if buffers is None or buffers[0].shape[-2] < held + added or buffers[0].data_ptr() != self.keys.data_ptr() or buffers[0].shape[0] < rows:
             # first use, full, or the rows were changed (cropped, selected): start a larger buffer
-            shape = (*key_states.shape[:2], 2 * (held + added) + 64, key_states.shape[-1])
+            shape = (rows, key_states.shape[1], 2 * (held + added) + 64, key_states.shape[-1])
             buffers = (key_states.new_empty(shape), value_states.new_empty(shape))
             buffers[0][..., :held, :], buffers[1][..., :held, :] = self.keys, self.values
             self._buffers = buffers
-        buffers[0][..., held : held + added, :] = key_states
-        buffers[1][..., held : held + added, :] = value_states
-        self.keys, self.values = buffers[0][..., : held + added, :], buffers[1][..., : held + added, :]
+        buffers[0][:rows, :, held : held + added] = key_states
+        buffers[1][:rows, :, held : held + added] = value_states
+        self.keys, self.values = buffers[0][:rows, :, : held + added], buffers[1][:rows, :, : held + added]
         return Split(self.opening_keys, self.keys), Split(self.opening_values, self.values)
+
+    def move_rows(self, order: list[int]) -> None:
+        """Keep the rows ``order`` in that order, moved within the buffers: the row ``order[i]`` is
+        copied to row ``i`` where they differ, which must be a row not kept."""
+        for target, source in enumerate(order):
+            if target != source:
+                self.keys[target] = self.keys[source]
+                self.values[target] = self.values[source]
+        self.keys, self.values = self.keys[: len(order)], self.values[: len(order)]
 
     def get_seq_length(self) -> int:  # the mask and the positions count the opening's columns
         return self.opening_keys.shape[-2] + super().get_seq_length()
@@ -89,6 +98,12 @@ class OpeningCache(DynamicCache):
         for layer in self.layers:
             layer.keys = layer.keys[rows][:, :, columns]
             layer.values = layer.values[rows][:, :, columns]
+
+    def let_go(self, order: list[int]) -> None:
+        """Keep the rows ``order`` (``decode.leaving``'s order: each row that moves goes to the place
+        of one that leaves), moved within the layers' buffers rather than copied anew."""
+        for layer in self.layers:
+            layer.move_rows(order)
 
 
 def _split_attention(

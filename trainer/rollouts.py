@@ -16,7 +16,8 @@ logits cut to their largest), so a group can carry the answer greedy evaluation 
 The episodes' common opening is prefilled once and shared by the rows (``trainer.prefix_cache``,
 ``trainer.opening_attention``), and a batch's cache is carried from one turn to the next: a turn
 prefills only what is new since the last (the environment's answer, the next generation prompt),
-not the conversation so far.
+not the conversation so far. Within a turn a row leaves the batch as soon as its turn ends
+(``trainer.decode``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.decode import decode
 from trainer.environment import Instance, Message, Rollout
 from trainer.prefix_cache import MIN_PREFIX, common_prefix, layout, prefill
 
@@ -132,7 +134,7 @@ def generate_rollouts(
     greedy: Sequence[bool] | None = None,
 ) -> list[TokenRollout]:
     """Run every instance to its end with the model, batching one assistant turn of all live
-    episodes per ``generate`` call. Sampling (and the length of guided episodes' forced prefixes)
+    episodes per decode. Sampling (and the length of guided episodes' forced prefixes)
     is seeded by ``seed``: same inputs, same rollouts. The episodes flagged ``greedy`` are decoded
     greedily whatever ``sampling`` says."""
     import random
@@ -266,8 +268,9 @@ def _generate(
     one) shared by its rows (``trainer.opening_attention``). With ``carried`` (the last turn's
     cache, when its opening was shared) the rows' earlier turns are not run again: the batch is
     ``[opening][the carried columns][padding][what is new]`` and only what is new is prefilled, the
-    vLLM prefix cache's saving for a conversation's next turn. Returns the turns and the cache to
-    carry to the next turn (None where the opening is not shared)."""
+    vLLM prefix cache's saving for a conversation's next turn. A row leaves the decoding batch when
+    its turn ends (``trainer.decode``). Returns the turns and the cache to carry to the next turn
+    (None where the opening is not shared)."""
     import torch
 
     from trainer import opening_attention
@@ -275,14 +278,14 @@ def _generate(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     starts = starts or [[] for _ in episodes]
     device = next(model.parameters()).device  # the first GPU when training there
-    extra: dict[str, Any] = {}
+    cache: Any = None
     attending: Any = contextlib.nullcontext()
     known: list[list[int]] = [[] for _ in episodes]
     own_mask = torch.zeros((len(episodes), 0), dtype=torch.long, device=device)
     if opening_cache is not None:
-        extra["cache"], attending = opening_attention.rows_cache(model, opening_cache, len(episodes))
-        if carried is not None and CARRY_TURNS and isinstance(extra["cache"], opening_attention.OpeningCache):
-            extra["cache"], known, own_mask = _carry(carried, episodes, opening)
+        cache, attending = opening_attention.rows_cache(model, opening_cache, len(episodes))
+        if carried is not None and CARRY_TURNS and isinstance(cache, opening_attention.OpeningCache):
+            cache, known, own_mask = _carry(carried, episodes, opening)
     tails = [episode.context[len(opening) + len(done) :] + list(start) for episode, done, start in zip(episodes, known, starts, strict=True)]
     input_ids, attention = layout(opening, tails, pad)
     input_ids, attention = input_ids.to(device), attention.to(device)
@@ -291,58 +294,26 @@ def _generate(
         filler = torch.full((len(episodes), carried_columns), pad, dtype=input_ids.dtype, device=device)
         input_ids = torch.cat([input_ids[:, : len(opening)], filler, input_ids[:, len(opening) :]], dim=1)
         attention = torch.cat([attention[:, : len(opening)], own_mask.to(attention.dtype), attention[:, len(opening) :]], dim=1)
-    width = input_ids.shape[1]
-    sample = sampling.temperature > 0
-    if sample and (argmax := [row for row, episode in enumerate(episodes) if episode.greedy]):
-        from transformers import LogitsProcessorList
-
-        extra["logits_processor"] = LogitsProcessorList([_ArgmaxRows(argmax)])
-    with torch.no_grad(), attending:
-        output = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
-            **extra,
+    with attending:
+        decoded = decode(
+            model,
+            input_ids,
+            attention,
+            cache,
             max_new_tokens=sampling.max_new_tokens,
-            do_sample=sample,
-            temperature=sampling.temperature if sample else None,
-            top_p=sampling.top_p if sample else None,
-            top_k=None,
-            pad_token_id=pad,
-            eos_token_id=tokenizer.eos_token_id,
+            end=tokenizer.eos_token_id,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            greedy=[row for row, episode in enumerate(episodes) if episode.greedy],
+            opening=len(opening),
+            keep=isinstance(cache, opening_attention.OpeningCache),
         )
-    turns = []
-    for row in output[:, width:].tolist():
-        if tokenizer.eos_token_id in row:
-            row = row[: row.index(tokenizer.eos_token_id) + 1]
-        turns.append(row)
-    cache = extra.get("cache")
-    if not isinstance(cache, opening_attention.OpeningCache):
+    turns = decoded.turns
+    if decoded.cache is None:
         return turns, None
-    # The cache holds every generated column but the last (never fed back); a row's own are those
-    # up to its end-of-turn token, the rest it generated after its turn had ended.
-    fed = output.shape[1] - width - 1
-    generated = torch.tensor([[1] * min(len(turn), fed) + [0] * (fed - min(len(turn), fed)) for turn in turns], dtype=torch.long, device=device)
-    mask = torch.cat([attention[:, len(opening) :], generated.reshape(len(turns), fed)], dim=1)
-    if cache.get_seq_length() != len(opening) + mask.shape[1]:  # not the layout expected: carry nothing
-        return turns, None
-    known = [done + tail + turn[:fed] for done, tail, turn in zip(known, tails, turns, strict=True)]
-    return turns, _Carried(cache, list(episodes), known, mask)
-
-
-class _ArgmaxRows:
-    """A logits processor that decodes the given rows of a sampled batch greedily: every score of
-    theirs but the largest becomes −∞, so temperature and top-p leave one token to draw."""
-
-    def __init__(self, rows: list[int]) -> None:
-        self.rows = rows
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        import torch
-
-        rows = scores[self.rows]
-        best = rows.argmax(dim=-1, keepdim=True)
-        scores[self.rows] = torch.full_like(rows, float("-inf")).scatter(1, best, rows.gather(1, best))
-        return scores
+    # Each row's own columns hold its tokens up to the last it fed: its turn but the last token.
+    known = [done + tail + turn[:-1] for done, tail, turn in zip(known, tails, turns, strict=True)]
+    return turns, _Carried(decoded.cache, list(episodes), known, decoded.mask)
 
 
 def _advance(chat: ChatTokens, episode: _Episode, sampled: list[int], sampling: Sampling) -> None:
