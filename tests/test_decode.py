@@ -137,3 +137,9 @@ def test_kept_rows_hold_their_own_columns_as_a_fresh_prefill_would(model: Any, s
         for layer, alone in zip(decoded.cache.layers, fresh.layers, strict=True):
             torch.testing.assert_close(layer.keys[row][:, attended], alone.keys[0][:, len(opening) :], rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(layer.values[row][:, attended], alone.values[0][:, len(opening) :], rtol=1e-4, atol=1e-4)
+
+
+def test_no_new_tokens_is_refused(model: Any, smollm2_tokenizer: Any) -> None:
+    _, input_ids, mask = _batch(smollm2_tokenizer, False)
+    with pytest.raises(ValueError, match="max_new_tokens must be at least 1"):
+        decode(model, input_ids, mask, None, max_new_tokens=0, end=smollm2_tokenizer.eos_token_id)

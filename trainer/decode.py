@@ -60,8 +60,10 @@ def decode(
     first ``cache.get_seq_length()`` columns the ``cache`` holds already (None: nothing cached).
     ``attention_mask`` ``[rows, columns]`` masks the padding. Greedy when ``temperature`` is 0,
     else sampled with temperature and top-p as ``generate`` does, the rows ``greedy`` (indices in
-    the batch) drawn from their largest score alone. ``opening``: the leading columns the cache shares among the rows (an
-    ``OpeningCache``'s), not part of the mask handed back with ``keep``."""
+    the batch) drawn from their largest score alone. ``opening``: the leading columns the cache
+    shares among the rows (an ``OpeningCache``'s), not part of the mask handed back with ``keep``."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be at least 1, not {max_new_tokens}")
     import torch
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
