@@ -1,6 +1,6 @@
-"""Greedy held-out rollouts (what the evaluation, the replay and the validation gate run, and GRPO
-samples the same way) on the embedded SmolLM2-135M and a real environment, in the ways the
-trainer's generation has had:
+"""Greedy held-out rollouts (what the evaluation, the replay and the validation gate run), or with
+``--temperature`` sampled ones (GRPO's, seeded), on the embedded SmolLM2-135M and a real
+environment, in the ways the trainer's generation has had:
 
 - ``re-prefilled``: every row's whole prompt prefilled every turn;
 - ``opening copied per row``: the episodes' common opening prefilled once and its key/value cache
@@ -92,6 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 (the default): greedy; above 0, sampled as GRPO samples, seeded")
     parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS), metavar="WAY", help=f"of: {', '.join(WAYS)} (the last is compared with)")
     parser.add_argument("--adapter", type=Path, metavar="FILE", help="LoRA weights (.safetensors) to play with, default LoRA settings")
     airline_model.add_arguments(parser)
@@ -100,7 +101,8 @@ def main() -> None:
     tokenizer, model, environment = airline_model.load(arguments)
     if arguments.adapter:
         model = with_adapter(model, arguments.adapter)
-    sampling = Sampling(arguments.max_new_tokens, 0.0)
+    sampling = Sampling(arguments.max_new_tokens, arguments.temperature)
+    decoding = f"sampled at temperature {arguments.temperature}" if arguments.temperature > 0 else "greedy"
 
     def run(seeds: range, way: str) -> tuple[float, list[list[dict]]]:
         with _way(way):
@@ -108,7 +110,7 @@ def main() -> None:
             produced = generate_rollouts(model, tokenizer, [environment.instance(seed) for seed in seeds], sampling)
             return time.perf_counter() - started, [item.rollout.messages for item in produced]
 
-    print(f"{arguments.capability} on the airline tools, {arguments.model}, {arguments.threads} threads, greedy, {arguments.max_new_tokens} new tokens per turn, {arguments.repeats} repeats")
+    print(f"{arguments.capability} on the airline tools, {arguments.model}, {arguments.threads} threads, {decoding}, {arguments.max_new_tokens} new tokens per turn, {arguments.repeats} repeats")
     ways = [way for way in WAYS if way in arguments.ways]
     print("| episodes per batch | " + " | ".join(f"{way}: s per batch" for way in ways) + f" | ratios to {ways[-1]} | same conversations |")
     print("|---" * (len(ways) + 3) + "|")
