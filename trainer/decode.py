@@ -89,8 +89,9 @@ def decode(
             cache = output.cache
             scores = output.logits[:, -1].to(dtype=torch.float32, copy=True)
             if sample and (argmax := [index for index, row in enumerate(live) if row in greedy]):
-                best = scores[argmax].argmax(dim=-1, keepdim=True)
-                scores[argmax] = torch.full_like(scores[argmax], float("-inf")).scatter(1, best, scores[argmax].gather(1, best))
+                picked = scores[argmax]
+                best = picked.argmax(dim=-1, keepdim=True)
+                scores[argmax] = torch.full_like(picked, float("-inf")).scatter(1, best, picked.gather(1, best))
             scores = chain(step_ids, scores)
             if sample:
                 whole = scores.new_zeros((rows, scores.shape[-1]))
@@ -114,11 +115,11 @@ def decode(
                 break
             if LET_GO and len(writing) < len(live):
                 order = leaving(writing, len(live))
+                chosen = torch.tensor(order, device=tokens.device)
                 if isinstance(cache, OpeningCache):
                     cache.let_go(order)  # moved within its buffers
                 else:
-                    cache.batch_select_indices(torch.tensor(order, device=tokens.device))
-                chosen = torch.tensor(order, device=tokens.device)
+                    cache.batch_select_indices(chosen)
                 live, tokens, mask, step_positions = [live[index] for index in order], tokens[chosen], mask[chosen], step_positions[chosen]
             step_ids = tokens[:, None]
             mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
