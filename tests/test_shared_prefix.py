@@ -138,3 +138,41 @@ def test_a_gradient_stopped_at_the_opening_keeps_the_loss_and_drops_only_the_ope
     flat_got = torch.cat([got[name].flatten() for name in full])
     flat_full = torch.cat([full[name].flatten() for name in full])
     assert torch.nn.functional.cosine_similarity(flat_got, flat_full, dim=0) > 0.5
+
+
+def _head_rows(model: Any, loss: Any) -> list[int]:
+    """How many positions reach the output layer in each of its calls while ``loss()`` runs."""
+    seen: list[int] = []
+    head = model.get_base_model().get_output_embeddings()
+    handle = head.register_forward_hook(lambda _module, args, _output: seen.append(args[0].shape[:-1].numel()))
+    try:
+        loss()
+    finally:
+        handle.remove()
+    return seen
+
+
+@pytest.mark.parametrize("opening_gradient", [True, False])
+def test_only_the_labelled_positions_reach_the_output_layer(adapted: Any, opening_gradient: bool) -> None:
+    ids, mask, labels = _batch(48, [12, 30, 7])
+    labelled = int((labels != -100).sum())
+    seen = _head_rows(adapted, lambda: shared_prefix_loss(adapted, ids, mask, labels, opening_gradient=opening_gradient))
+    # The opening's last position once (its logits predict every row's first tail token), then
+    # the tails' labelled positions and no other.
+    assert seen == [1, labelled]
+    single = _batch(40, [14])
+    assert _head_rows(adapted, lambda: shared_prefix_loss(adapted, *single)) == [int((single[2] != -100).sum())]
+
+
+def test_a_model_that_scales_its_logits_keeps_the_whole_pass(adapted: Any) -> None:
+    """The output layer alone would not be the model's logits where the model softcaps or scales
+    them, so such a model is run whole (Llama ignores the setting: the loss stays the plain one)."""
+    ids, mask, labels = _batch(48, [12, 30, 7])
+    adapted.get_base_model().config.final_logit_softcapping = 30.0
+    try:
+        seen = _head_rows(adapted, lambda: shared_prefix_loss(adapted, ids, mask, labels))
+        loss = shared_prefix_loss(adapted, ids, mask, labels)
+    finally:
+        adapted.get_base_model().config.final_logit_softcapping = None
+    assert seen == [1, 3 * 30]
+    assert torch.allclose(loss, _plain_loss(adapted, ids, mask, labels), rtol=1e-5, atol=1e-6)

@@ -50,6 +50,39 @@ def _token_loss(logits: torch.Tensor, targets: torch.Tensor, num_items: Any) -> 
     return total / torch.as_tensor(count, device=total.device).clamp(min=1)
 
 
+def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
+    """The decoder stack and the output layer under ``model``'s PEFT wrapper, or None where the
+    model does more to its logits than the output layer (softcapping, scaling)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if any(getattr(base.config, key, None) for key in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
+        return None
+    return base.get_decoder(), base.get_output_embeddings()
+
+
+def _scored_loss(model: Any, first: torch.Tensor | None, inputs: dict[str, Any], targets: torch.Tensor, num_items: Any) -> torch.Tensor:
+    """The loss of ``targets`` [rows, T]: target 0 predicted by ``first`` [rows, V] (or, without
+    it, by the forward pass's first position, as target j + 1 by position j). Only the positions
+    whose target is labelled go through the output layer: the vocabulary's logits of the others
+    (instructions, tool results, padding; more than half of a demonstration) would be computed
+    and thrown away. Each scored position's logits are the same computation as in the full
+    pass, so the loss and the gradients are too (the gradients to the bit on the CPU,
+    docs/performance.md)."""
+    parts = _decoder_and_head(model)
+    if parts is None:
+        logits = model(**inputs).logits
+        if first is not None:
+            logits = torch.cat([first.unsqueeze(1), logits], dim=1)
+        return _token_loss(logits[:, : targets.shape[1]], targets, num_items)
+    decoder, head = parts
+    hidden = decoder(**inputs).last_hidden_state  # [rows, W, H]
+    own = targets[:, 1:] if first is not None else targets  # the targets of the hidden positions
+    scored = own != -100
+    logits = head(hidden[:, : own.shape[1]][scored])  # [labelled, V]
+    if first is None:
+        return _token_loss(logits, own[scored], num_items)
+    return _token_loss(torch.cat([first, logits]), torch.cat([targets[:, 0], own[scored]]), num_items)
+
+
 def shared_prefix_loss(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, num_items: Any = None,
     opening_gradient: bool = True,
@@ -66,24 +99,18 @@ def shared_prefix_loss(
             cache = model(input_ids=input_ids[:1, :start], attention_mask=attention_mask[:1, :start], use_cache=True, logits_to_keep=1).cache
         cache.batch_repeat_interleave(rows)
         positions = torch.arange(start, width, device=input_ids.device).unsqueeze(0).expand(rows, -1)
-        tails = model(
-            input_ids=input_ids[:, start:], attention_mask=attention_mask, cache=cache, position_ids=positions, use_cache=True
-        ).logits
-        return _token_loss(tails[:, :-1], labels[:, prefix:], num_items)
+        tails = {"input_ids": input_ids[:, start:], "attention_mask": attention_mask, "cache": cache, "position_ids": positions, "use_cache": True}
+        return _scored_loss(model, None, tails, labels[:, prefix:], num_items)
     if rows == 1 or prefix < MIN_PREFIX:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-        return _token_loss(logits[:, :-1], labels[:, 1:], num_items)
+        return _scored_loss(model, None, {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}, labels[:, 1:], num_items)
     # Only the prefix's last position is scored: its other logits would cost the vocabulary × prefix.
     opening = model(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True, logits_to_keep=1)
     cache = opening.cache
     cache.batch_repeat_interleave(rows)  # every row attends to the one prefix (autograd sums their gradients)
     positions = torch.arange(prefix, width, device=input_ids.device).unsqueeze(0).expand(rows, -1)
-    tails = model(
-        input_ids=input_ids[:, prefix:], attention_mask=attention_mask, cache=cache, position_ids=positions, use_cache=True
-    ).logits
+    tails = {"input_ids": input_ids[:, prefix:], "attention_mask": attention_mask, "cache": cache, "position_ids": positions, "use_cache": True}
     # The prefix's last position predicts each row's first tail token; the tails predict the rest.
-    logits = torch.cat([opening.logits[:, -1:].expand(rows, -1, -1), tails[:, :-1]], dim=1)
-    return _token_loss(logits, labels[:, prefix:], num_items)
+    return _scored_loss(model, opening.logits[:, -1].expand(rows, -1), tails, labels[:, prefix:], num_items)
 
 
 class SharedPrefixSFTTrainer(SFTTrainer):
