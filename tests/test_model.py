@@ -13,10 +13,11 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from trainer import model as models  # noqa: E402
-from trainer.environment import Environment, load_tools, rollout  # noqa: E402
+from trainer.environment import Environment, load_tools  # noqa: E402
 from trainer.families import load_families  # noqa: E402
 from daemon.core.settings import ValidationSettings  # noqa: E402
-from trainer.validation import validate  # noqa: E402
+from trainer.rollouts import Sampling, generate_rollouts  # noqa: E402
+from trainer.validate_job import run_gate  # noqa: E402
 
 TOOLS = load_tools(json.loads((Path(__file__).parent / "fixtures" / "tools" / "retail.json").read_text()))
 
@@ -31,33 +32,42 @@ def test_a_model_directory_that_is_not_a_model_is_a_clear_error(tmp_path: Path) 
         models.resolve(str(tmp_path), tmp_path / "cache")
 
 
-def test_model_policy_answers_deterministically_per_seed(tiny: tuple[object, object]) -> None:
-    network, tokenizer = tiny
-    policy = models.ModelPolicy(network, tokenizer, max_new_tokens=12)
+def _gate(model: str, cache: Path, **gate: object) -> dict[str, object]:
     family = next(f for f in load_families().values() if f.capability == "tool_call_precision")
-    messages = Environment(family, TOOLS).instance(2).reset()
-    first, again = policy.answer(messages, seed=7), policy.answer(messages, seed=7)
-    assert first == again and first["role"] == "assistant"
-    assert policy.answer(messages, seed=8)["content"] != first["content"]  # sampling is seeded, not fixed
+    settings = {**ValidationSettings(seeds=2, group_size=2).model_dump(), **gate}
+    return run_gate(family, TOOLS, {"name": model, "cache_dir": str(cache), "max_new_tokens": 8, "threads": 1}, settings)
 
 
-def test_a_random_model_rolls_out_in_every_family_without_crashing(tiny: tuple[object, object]) -> None:
+def test_a_random_model_rolls_out_in_every_family_in_one_batch(tiny: tuple[object, object]) -> None:
     network, tokenizer = tiny
-    policy = models.ModelPolicy(network, tokenizer, max_new_tokens=12)
-    for family in load_families().values():
-        instance = Environment(family, TOOLS).instance(1)
-        result = rollout(instance, policy.for_rollout(instance, 0), max_turns=2)
-        assert 0.0 <= result.reward <= 1.0 and result.reward < 1.0
-        assert result.from_policy.count(True) >= 1
+    instances = [Environment(family, TOOLS).instance(1) for family in load_families().values()]
+    played = generate_rollouts(network, tokenizer, instances, Sampling(12, temperature=1.0, max_turns=2))
+    assert len(played) == len(instances)
+    for item in played:
+        assert 0.0 <= item.rollout.reward < 1.0
+        assert item.rollout.from_policy.count(True) >= 1
 
 
-def test_the_validation_gate_rejects_a_random_base_model(tiny: tuple[object, object]) -> None:
+def test_the_validation_gate_rejects_a_random_base_model_and_is_seeded(tiny_model: Path, tmp_path: Path) -> None:
+    report = _gate(str(tiny_model), tmp_path)
+    assert report["passed"] is False
+    assert report["attempts"] and all(attempt["verdict"] == "too_weak" for attempt in report["attempts"])
+    assert report["rollouts"] == 4 * len(report["attempts"])
+    again = _gate(str(tiny_model), tmp_path)
+    assert again["attempts"] == report["attempts"]
+
+
+def test_hinted_rollouts_in_the_gate_sample_with_the_hint(tiny: tuple[object, object]) -> None:
+    """The gate's hinted rollouts are the trainer's hinted episodes: the hint in the context the
+    model samples from, the plain prompt recorded."""
     network, tokenizer = tiny
-    policy = models.ModelPolicy(network, tokenizer, max_new_tokens=8)
-    family = next(f for f in load_families().values() if f.capability == "tool_call_precision")
-    report = validate(family, TOOLS, policy.for_rollout, ValidationSettings(seeds=2, group_size=2))
-    assert not report.passed
-    assert report.attempts and all(attempt.verdict == "too_weak" for attempt in report.attempts)
+    family = next(f for f in load_families().values() if f.capability == "precondition_verification")
+    instance = Environment(family, TOOLS).instance(3)
+    hinted, plain = generate_rollouts(
+        network, tokenizer, [instance, Environment(family, TOOLS).instance(3)], Sampling(4, temperature=1.0, max_turns=1), hinted=[True, False]
+    )
+    assert hinted.hinted and not plain.hinted
+    assert hinted.prompt_ids == plain.prompt_ids
 
 
 @pytest.mark.slow
@@ -70,7 +80,7 @@ def test_the_embedded_smollm2_is_converted_once_and_then_loads_fast(tmp_path: Pa
     started = time.perf_counter()
     models.load(models.EMBEDDED, tmp_path)
     assert time.perf_counter() - started < converted
-    answer = models.ModelPolicy(network, tokenizer, max_new_tokens=16, temperature=0).answer(
-        [{"role": "user", "content": "Say hello."}], seed=0
-    )
+    family = next(f for f in load_families().values() if f.capability == "tool_call_precision")
+    (played,) = generate_rollouts(network, tokenizer, [Environment(family, TOOLS).instance(0)], Sampling(16, temperature=0.0, max_turns=1))
+    answer = next(message for message, own in zip(played.rollout.messages, played.rollout.from_policy, strict=True) if own)
     assert answer["content"]

@@ -14,7 +14,7 @@ from pathlib import Path
 from trainer.environment import Instance, Policy, load_tools, noop_policy, solution_policy
 from trainer.families import load_families
 from daemon.core.settings import ValidationSettings
-from trainer.validation import HintedInstance, validate
+from trainer.validation import HintedInstance, one_at_a_time, validate
 
 TOOLS = load_tools(json.loads((Path(__file__).parent / "fixtures" / "tools" / "airline.json").read_text()))
 FAMILY = next(f for f in load_families().values() if f.capability == "precondition_verification")
@@ -30,7 +30,7 @@ def skilled(plain: dict[int, float], hinted: float = 0.0):  # type: ignore[no-un
             return solution_policy(instance)
         return noop_policy
 
-    return policy_for
+    return one_at_a_time(policy_for)
 
 
 def test_a_base_of_middling_skill_passes_without_remedies() -> None:
@@ -68,3 +68,25 @@ def test_hinted_instances_carry_the_hint_in_the_system_prompt() -> None:
     system = HintedInstance(Environment(FAMILY, TOOLS).instance(4)).reset()[0]["content"]
     assert hint and system.endswith(f"Hint: {hint}")
     assert hint not in instance.reset()[0]["content"]
+
+
+def test_an_attempt_is_played_in_one_call_with_its_hinted_share_first_in_each_group() -> None:
+    calls: list[list[tuple[int, int, bool]]] = []
+
+    def play(instances, indices):  # type: ignore[no-untyped-def]
+        calls.append([(instance.seed, index, isinstance(instance, HintedInstance)) for instance, index in zip(instances, indices, strict=True)])
+        return [0.0] * len(instances)
+
+    settings = ValidationSettings(seeds=3, group_size=4, hint_shares=[0.5])
+    report = validate(FAMILY, TOOLS, play, settings)
+    assert [a.hint_share for a in report.attempts] == [0.0, 0.5]  # the lowest difficulty: no easier one to try
+    assert len(calls) == len(report.attempts) and all(len(call) == 12 for call in calls)
+    assert calls[0] == [(seed, index, False) for seed in range(3) for index in range(4)]
+    assert calls[1] == [(seed, index, index < 2) for seed in range(3) for index in range(4)]
+
+
+def test_a_player_that_loses_rollouts_is_an_error() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="3 rewards for 4 rollouts"):
+        validate(FAMILY, TOOLS, lambda instances, indices: [0.0] * (len(instances) - 1), ValidationSettings(seeds=1, group_size=4))

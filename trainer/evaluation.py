@@ -16,7 +16,7 @@ from typing import Any
 from daemon.core.intervals import Z95, mcnemar_p, paired_difference, wilson
 from trainer.environment import Environment
 from trainer.grpo import adapter_weights
-from trainer.rollouts import Sampling, generate_rollouts
+from trainer.rollouts import Sampling, play_in_batches
 
 def mean_interval(values: list[float], z: float = Z95) -> tuple[float, float]:
     if len(values) < 2:
@@ -62,15 +62,8 @@ def play(
 ) -> tuple[list[float], list[bool]]:
     """Each seed's reward and success, greedy, ``batch`` episodes per lockstep pass."""
     greedy = Sampling(sampling.max_new_tokens, 0.0, max_turns=sampling.max_turns, max_length=sampling.max_length)
-    rewards: list[float] = []
-    successes: list[bool] = []
-    seed_list = list(seeds)
-    for start in range(0, len(seed_list), batch):
-        chunk = [environment.instance(seed) for seed in seed_list[start : start + batch]]
-        for item in generate_rollouts(model, tokenizer, chunk, greedy):
-            rewards.append(item.rollout.reward)
-            successes.append(item.rollout.success)
-    return rewards, successes
+    played = play_in_batches(model, tokenizer, [environment.instance(seed) for seed in seeds], greedy, batch)
+    return [item.rollout.reward for item in played], [item.rollout.success for item in played]
 
 
 def paired(before: Sequence[bool], after: Sequence[bool]) -> dict[str, Any]:

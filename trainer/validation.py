@@ -19,6 +19,18 @@ from trainer.environment import Environment, Family, Instance, Message, Policy, 
 
 # A policy for one rollout: (instance, index of the rollout within its group) -> policy.
 PolicyFactory = Callable[[Instance, int], Policy]
+# Plays an attempt's rollouts, all at once if it can: the instances (a hinted one wrapped in
+# HintedInstance) and each one's index within its group -> each one's reward, in order.
+Player = Callable[[Sequence[Instance], Sequence[int]], list[float]]
+
+
+def one_at_a_time(policy_for: PolicyFactory) -> Player:
+    """A player that rolls out each instance alone with its own policy (a scripted one, say)."""
+
+    def play(instances: Sequence[Instance], indices: Sequence[int]) -> list[float]:
+        return [rollout(instance, policy_for(instance, index)).reward for instance, index in zip(instances, indices, strict=True)]
+
+    return play
 
 
 @dataclass(slots=True)
@@ -71,22 +83,21 @@ class HintedInstance(Instance):
         return self.inner.hint()
 
 
-def measure(
-    environment: Environment, policy_for: PolicyFactory, settings: ValidationSettings, hint_share: float
-) -> Attempt:
-    """Roll out `seeds` groups of `group_size`; the first `hint_share` of each group is hinted."""
-    rewards: list[float] = []
-    with_variance = 0
+def measure(environment: Environment, play: Player, settings: ValidationSettings, hint_share: float) -> Attempt:
+    """Roll out `seeds` groups of `group_size` (one call of ``play``); the first `hint_share` of
+    each group is hinted."""
     hinted = round(hint_share * settings.group_size)
+    instances: list[Instance] = []
+    indices = list(range(settings.group_size)) * settings.seeds
     for seed in range(settings.seeds):
-        group = []
         for index in range(settings.group_size):
             instance = environment.instance(seed)
-            if index < hinted:
-                instance = HintedInstance(instance)
-            group.append(rollout(instance, policy_for(instance, index)).reward)
-        rewards.extend(group)
-        with_variance += max(group) > min(group)
+            instances.append(HintedInstance(instance) if index < hinted else instance)
+    rewards = play(instances, indices)
+    if len(rewards) != len(instances):
+        raise ValueError(f"the player returned {len(rewards)} rewards for {len(instances)} rollouts")
+    groups = [rewards[start : start + settings.group_size] for start in range(0, len(rewards), settings.group_size)]
+    with_variance = sum(max(group) > min(group) for group in groups)
     mean = statistics.fmean(rewards)
     std = statistics.pstdev(rewards)
     share = with_variance / settings.seeds
@@ -104,7 +115,7 @@ def measure(
 def validate(
     family: Family,
     tools: Sequence[Tool],
-    policy_for: PolicyFactory,
+    play: Player,
     settings: ValidationSettings = ValidationSettings(),
     difficulty: int | None = None,
 ) -> ValidationReport:
@@ -117,7 +128,7 @@ def validate(
         tried.add(level)
         environment = Environment(family, list(tools), level)
         for share in (0.0, *settings.hint_shares):
-            attempt = measure(environment, policy_for, settings, share)
+            attempt = measure(environment, play, settings, share)
             attempts.append(attempt)
             if attempt.verdict == "ok":
                 remedy = None
