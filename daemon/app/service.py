@@ -8,6 +8,7 @@ import socket
 import sys
 import threading
 import time
+from datetime import datetime, timezone
 from typing import Any
 
 import uvicorn
@@ -36,6 +37,16 @@ from daemon.pipeline.validator import Validator
 from daemon.store.writer import BatchedWriter
 
 log = logging.getLogger(__name__)
+
+# A stage of the pipeline that did something hands on at once to the stages after it (and to
+# itself, for what else is queued) instead of leaving them to their next interval: a gap's
+# environment is validated, trained and taken to the router without 10-second waits between.
+FOLLOWING = {
+    "trigger": ("synthesize",),
+    "synthesize": ("validate",),
+    "validate": ("validate", "train"),
+    "train": ("train", "promote"),
+}
 
 
 class _PortDispatch:
@@ -102,19 +113,32 @@ class Daemon:
     def _job(self, name: str, function: Any) -> Any:
         def run() -> None:
             try:
-                function()
+                did = function()
                 self._job_errors.pop(name, None)
             except Exception as error:  # a failing job is logged and counted; the next run retries
                 log.exception("job %s failed", name)
                 metrics.JOB_FAILURES.labels(name).inc()
                 self._job_errors[name] = str(error)
+                return
+            if did:
+                for following in FOLLOWING.get(name, ()):
+                    self.wake(following)
 
         return run
 
+    def wake(self, job_id: str) -> None:
+        """Run the job now instead of at its next interval (nothing when the daemon does not run it)."""
+        from apscheduler.jobstores.base import JobLookupError
+
+        try:
+            self.scheduler.modify_job(job_id, next_run_time=datetime.now(timezone.utc))
+        except JobLookupError:
+            pass
+
     def _serialized(self, function: Any) -> Any:
-        def run() -> None:
+        def run() -> Any:
             with self._state_lock:
-                function()
+                return function()
 
         return run
 
@@ -207,69 +231,7 @@ class Daemon:
                 )
                 self.grpc_receiver.start()
                 self.endpoints["otlp_grpc"] = f"{collector.host}:{self.grpc_receiver.port}"
-            self.scheduler.add_job(
-                self._job("assemble", self._assemble),
-                "interval",
-                seconds=self.settings.assembler.interval_s,
-                id="assemble",
-            )
-            self.scheduler.add_job(
-                self._job("analyze", self._analyze),
-                "interval",
-                seconds=self.settings.analysis.interval_s,
-                id="analyze",
-            )
-            self.scheduler.add_job(
-                self._job("trigger", self._serialized(self.trigger.run_pass)),
-                "interval",
-                seconds=self.settings.analysis.interval_s,
-                id="trigger",
-            )
-            self.scheduler.add_job(
-                self._job("synthesize", self._serialized(self.synthesizer.run_pass)),
-                "interval",
-                seconds=self.settings.analysis.interval_s,
-                id="synthesize",
-            )
-            self.validator.recover()
-            # Not serialized: a gate run takes minutes and moves no capability state. A second
-            # instance returns at once while one runs, instead of a "skipped" warning each interval.
-            self.scheduler.add_job(
-                self._job("validate", self.validator.run_pass),
-                "interval",
-                seconds=self.settings.analysis.interval_s,
-                id="validate",
-                max_instances=2,
-            )
-            self.training.recover()
-            # Moves capability states with compare-and-set; a run takes minutes, so not serialized.
-            self.scheduler.add_job(
-                self._job("train", self.training.run_pass),
-                "interval",
-                seconds=self.settings.analysis.interval_s,
-                id="train",
-                max_instances=2,
-            )
-            self.scheduler.add_job(
-                self._job("promote", lambda: self.promotion.run_pass(self.router_admin)),
-                "interval",
-                seconds=self.settings.promotion.interval_s,
-                id="promote",
-            )
-            # A gate run takes minutes; a second instance returns at once while one runs.
-            self.scheduler.add_job(
-                self._job("gate", self.gates.run_pass),
-                "interval",
-                seconds=self.settings.promotion.interval_s,
-                id="gate",
-                max_instances=2,
-            )
-            self.scheduler.add_job(
-                self._job("retention", self._retention),
-                "interval",
-                seconds=self.settings.retention.interval_s,
-                id="retention",
-            )
+            self._schedule()
             self.scheduler.start()
             log.info("tracefix daemon serving %s", self.endpoints)
             # uvicorn re-raises the signal it caught once it has stopped serving; with these
@@ -282,6 +244,29 @@ class Daemon:
             uvicorn.Server(config).run(sockets=sockets)
         finally:
             self.shutdown(sockets)
+
+    def _schedule(self) -> None:
+        """The periodic jobs (started by ``run``); ``FOLLOWING`` wakes some of them early."""
+        self.validator.recover()
+        self.training.recover()
+        analysis, promotion = self.settings.analysis.interval_s, self.settings.promotion.interval_s
+        jobs = (  # (id, what it runs, its interval, instances at once)
+            ("assemble", self._assemble, self.settings.assembler.interval_s, 1),
+            ("analyze", self._analyze, analysis, 1),
+            ("trigger", self._serialized(self.trigger.run_pass), analysis, 1),
+            ("synthesize", self._serialized(self.synthesizer.run_pass), analysis, 1),
+            # Not serialized: a gate run takes minutes and moves no capability state. A second
+            # instance returns at once while one runs, instead of a "skipped" warning each interval.
+            ("validate", self.validator.run_pass, analysis, 2),
+            # Moves capability states with compare-and-set; a run takes minutes, so not serialized.
+            ("train", self.training.run_pass, analysis, 2),
+            ("promote", lambda: self.promotion.run_pass(self.router_admin), promotion, 1),
+            # A gate run takes minutes; a second instance returns at once while one runs.
+            ("gate", self.gates.run_pass, promotion, 2),
+            ("retention", self._retention, self.settings.retention.interval_s, 1),
+        )
+        for job_id, function, seconds, instances in jobs:
+            self.scheduler.add_job(self._job(job_id, function), "interval", seconds=seconds, id=job_id, max_instances=instances)
 
     def _stop_requested(self, signum: int, frame: Any) -> None:
         log.info("received %s; draining", signal.Signals(signum).name)

@@ -53,8 +53,10 @@ def adapter(adapter_id: int, daemon: CurrentDaemon) -> dict[str, Any]:
 
 @router.post("/api/adapters/{adapter_id}/approve")
 def approve(adapter_id: int, caller: Caller, daemon: CurrentDaemon, body: Decide | None = None) -> dict[str, Any]:
-    """Approve a candidate; the promote job loads it into the router and makes it live."""
-    return decided(lambda: daemon.promotion.approve(adapter_id, caller, body.reason if body else ""))
+    """Approve a candidate; the promote job (woken now) loads it into the router and makes it live."""
+    decision = decided(lambda: daemon.promotion.approve(adapter_id, caller, body.reason if body else ""))
+    daemon.wake("promote")
+    return decision
 
 
 @router.post("/api/adapters/{adapter_id}/reject")
