@@ -252,7 +252,7 @@ class Narrator:
 
     def __init__(
         self, client: DaemonClient, tally: Tally, auto_approve: bool, dashboard_url: str, say: Callable[[str], None],
-        hold: threading.Event | None = None, warm_start: bool = True, adapters: int = 1,
+        hold: threading.Event | None = None, warm_start: bool = True, adapters: int = 1, started: float | None = None,
     ) -> None:  # fmt: skip
         self.client = client
         self.adapters = adapters  # live adapters wanted before the 'after' period
@@ -264,7 +264,7 @@ class Narrator:
         self.say = say
         self.seen: set[str] = set()
         self.rows: dict[str, str] = {}
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started  # the timeline's zero
         self.timeline: list[dict[str, Any]] = []  # every narrated event, with when it was seen
         self.selected: dict[str, dict[str, Any]] = {}  # capability -> its statistics when selected
         self.candidates: dict[str, dict[str, Any]] = {}  # adapter name -> its evaluation
@@ -473,6 +473,7 @@ def run(
 
     from daemon.app import supervisor
 
+    started = time.monotonic()  # the demo's clock: its timeline counts from the command, processes' start included
     settings, variables = layered_settings(config_path, fast)
     os.environ.update(variables)  # the children read the demo's settings from the environment
     names = [name for name in supervisor.NAMES if name != "dashboard" or _has_streamlit()]
@@ -496,13 +497,13 @@ def run(
     client = DaemonClient(settings)
     narrator = Narrator(
         client, tally, auto_approve, dashboard_url, say, traffic.hold if hold_while_training else None,
-        settings.training.warm_start_examples > 0, adapters,
+        settings.training.warm_start_examples > 0, adapters, started,
     )  # fmt: skip
     deadline = time.monotonic() + minutes * 60 if minutes else None
     console = Console(stderr=True)
     if not stack.stopping.is_set():
         traffic.start()
-        say(f"the example airline deployment is running ({policy}); watch it all at {dashboard_url}")
+        narrator.event("started", f"the example airline deployment is running ({policy}); watch it all at {dashboard_url}")
 
     def table() -> Table:
         grid = Table.grid(padding=(0, 2))
