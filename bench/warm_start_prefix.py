@@ -9,7 +9,10 @@ Prints, per batch size, the median seconds of one update (forward and backward) 
 ratio, and the tokens each way runs; the loss of both is printed too (they must agree). A third
 column times the shared opening with the gradient stopped at it (`[training]
 warm_start_opening_gradient = false`: the opening runs without autograd), with its speed-up over
-the exact shared pass.
+the exact shared pass. A fourth times the exact shared pass with every position's logits
+computed (`shared_prefix.LABELLED_ONLY` off: how it ran before only the labelled positions went
+through the output layer), and the last column says whether its LoRA gradients equal the shared
+pass's to the bit in every repeat.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def main() -> None:
     import torch
     from peft import get_peft_model
 
+    from trainer import shared_prefix
     from trainer.shared_prefix import shared_prefix_length, shared_prefix_loss
 
     tokenizer, base, environment = airline_model.load(arguments)
@@ -59,11 +63,12 @@ def main() -> None:
     print(f"{arguments.capability} on the airline tools, {arguments.model}, {arguments.threads} threads, {arguments.repeats} repeats")
     print(
         "| demonstrations per update | plain: s per update | shared prefix: s per update | ratio | tokens run (plain → shared)"
-        " | loss (plain, shared) | gradient stopped at the opening: s per update | its ratio to shared |"
+        " | loss (plain, shared) | gradient stopped at the opening: s per update | its ratio to shared"
+        " | shared, every position through the output layer: s per update | its ratio to shared | gradients equal to the bit |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for size in arguments.batches:
-        plain_times, shared_times, stopped_times = [], [], []
+        plain_times, shared_times, stopped_times, every_times, bitwise = [], [], [], [], []
         for repeat in range(arguments.repeats):
             ids, mask, labels = batch(range(100_000 + repeat * size, 100_000 + (repeat + 1) * size))
             labelled = int((labels[:, 1:] != -100).sum())
@@ -81,16 +86,25 @@ def main() -> None:
             shared = shared_prefix_loss(model, ids, mask, labels)
             shared.backward()
             shared_times.append(time.perf_counter() - started)
+            gradients = [parameter.grad.clone() for parameter in model.parameters() if parameter.grad is not None]
+            model.zero_grad()
+            shared_prefix.LABELLED_ONLY = False
+            started = time.perf_counter()
+            shared_prefix_loss(model, ids, mask, labels).backward()
+            every_times.append(time.perf_counter() - started)
+            shared_prefix.LABELLED_ONLY = True
+            every = [parameter.grad for parameter in model.parameters() if parameter.grad is not None]
+            bitwise.append(len(every) == len(gradients) and all(torch.equal(a, b) for a, b in zip(every, gradients, strict=True)))
             model.zero_grad()
             started = time.perf_counter()
             shared_prefix_loss(model, ids, mask, labels, opening_gradient=False).backward()
             stopped_times.append(time.perf_counter() - started)
             prefix = shared_prefix_length(ids, mask, labels)
             tokens = (int(mask.sum()), prefix + int(mask.sum()) - size * prefix)
-        plain_s, shared_s, stopped_s = (statistics.median(times) for times in (plain_times, shared_times, stopped_times))
+        plain_s, shared_s, stopped_s, every_s = (statistics.median(times) for times in (plain_times, shared_times, stopped_times, every_times))
         print(
             f"| {size} | {plain_s:.2f} | {shared_s:.2f} | {plain_s / shared_s:.2f}× | {tokens[0]} → {tokens[1]}"
-            f" | {plain:.4f}, {shared.item():.4f} | {stopped_s:.2f} | {shared_s / stopped_s:.2f}× |"
+            f" | {plain:.4f}, {shared.item():.4f} | {stopped_s:.2f} | {shared_s / stopped_s:.2f}× | {every_s:.2f} | {every_s / shared_s:.2f}× | {'yes' if all(bitwise) else 'no'} |"
         )
 
 

@@ -28,6 +28,7 @@ import torch
 from trl import SFTTrainer
 
 MIN_PREFIX = 16  # below this many shared tokens the plain forward pass is as cheap
+LABELLED_ONLY = True  # only labelled positions through the output layer (``_scored_loss``); off only to measure it
 
 
 def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> int:
@@ -54,7 +55,7 @@ def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
     """The decoder stack and the output layer under ``model``'s PEFT wrapper, or None where the
     model does more to its logits than the output layer (softcapping, scaling)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if any(getattr(base.config, key, None) for key in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
+    if not LABELLED_ONLY or any(getattr(base.config, key, None) for key in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
         return None
     return base.get_decoder(), base.get_output_embeddings()
 
