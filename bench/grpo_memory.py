@@ -12,6 +12,7 @@ the rollouts and for the update (a fresh child per variant; the update's figure 
 whole process, rollouts included).
 
     python bench/grpo_memory.py --group-size 8 --micro-batches 1 2 8 --plain
+    python bench/grpo_memory.py --group-size 8 --micro-batches 2 --every-position
 """
 
 from __future__ import annotations
@@ -86,12 +87,34 @@ def child(arguments: argparse.Namespace) -> dict[str, Any]:
         group_backward(model, prompt, completions, tokens, arguments.micro_batch)
     else:
         plain_backward(model, prompt, completions, tokens, config.clip_epsilon)
+    update_s, peak_mb = time.monotonic() - started, _peak_mb()
+    every: dict[str, Any] = {}
+    if arguments.every_position and arguments.micro_batch:
+        from trainer import output_layer
+
+        gradients = [parameter.grad.clone() for parameter in model.parameters() if parameter.grad is not None]
+        model.zero_grad()
+        for item in completions:
+            item.old = None  # as fresh: the first pass over the rollouts, like the one above
+        output_layer.SCORED_ONLY = False
+        started = time.monotonic()
+        group_backward(model, prompt, completions, tokens, arguments.micro_batch)
+        output_layer.SCORED_ONLY = True
+        every_s = time.monotonic() - started
+        again = [parameter.grad for parameter in model.parameters() if parameter.grad is not None]
+        equal = len(again) == len(gradients) and all(a.equal(b) for a, b in zip(again, gradients, strict=True))
+        model.zero_grad()  # and once more the policy's tokens only, now that the process is warm as well
+        for item in completions:
+            item.old = None
+        started = time.monotonic()
+        group_backward(model, prompt, completions, tokens, arguments.micro_batch)
+        every = {"every_position_update_s": round(every_s, 1), "second_update_s": round(time.monotonic() - started, 1), "bitwise_equal": equal}
     return {
         "variant": f"shared opening, micro-batch {arguments.micro_batch}" if arguments.micro_batch else "plain (one batch, opening per row)",
         "group_size": arguments.group_size, "prompt_tokens": len(prompt),
         "completion_tokens": [len(item.completion_ids) for item in rollouts], "policy_tokens": tokens,
-        "rollouts_s": round(rollout_s, 1), "rollouts_peak_mb": round(rollout_peak), "update_s": round(time.monotonic() - started, 1),
-        "peak_mb": round(_peak_mb()), "limit_gb": arguments.limit_gb,
+        "rollouts_s": round(rollout_s, 1), "rollouts_peak_mb": round(rollout_peak), "update_s": round(update_s, 1),
+        "peak_mb": round(peak_mb), "limit_gb": arguments.limit_gb, **every,
     }  # fmt: skip
 
 
@@ -101,6 +124,11 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--micro-batches", type=int, nargs="+", default=[1, 2, 8])
     parser.add_argument("--plain", action="store_true", help="also measure the plain computation")
+    parser.add_argument(
+        "--every-position", action="store_true",
+        help="also time each shared variant's update with every position through the output layer (as before only the policy's"
+        " tokens went through it), on the same rollouts, and check that the gradients are equal to the bit",
+    )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--limit-gb", type=float, default=8.0, help="address-space limit of each child")
     parser.add_argument("--threads", type=int, default=2)
@@ -127,7 +155,11 @@ def main() -> None:
         if "failed" in item:
             print(f"| {item['variant']} | | | failed under {item['limit_gb']} GB: {item['failed']} | |")
         else:
-            print(f"| {item['variant']} | {item['prompt_tokens']} | {sum(item['completion_tokens'])} | {item['peak_mb'] / 1024:.2f} GB | {item['update_s']} s |")
+            every = (
+                f" and {item['second_update_s']} s (every position through the output layer: {item['every_position_update_s']} s;"
+                f" gradients equal to the bit: {item['bitwise_equal']})" if "bitwise_equal" in item else ""
+            )  # fmt: skip
+            print(f"| {item['variant']} | {item['prompt_tokens']} | {sum(item['completion_tokens'])} | {item['peak_mb'] / 1024:.2f} GB | {item['update_s']} s{every} |")
 
 
 if __name__ == "__main__":

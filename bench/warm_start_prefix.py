@@ -10,7 +10,7 @@ ratio, and the tokens each way runs; the loss of both is printed too (they must 
 column times the shared opening with the gradient stopped at it (`[training]
 warm_start_opening_gradient = false`: the opening runs without autograd), with its speed-up over
 the exact shared pass. A fourth times the exact shared pass with every position's logits
-computed (`shared_prefix.LABELLED_ONLY` off: how it ran before only the labelled positions went
+computed (`output_layer.SCORED_ONLY` off: how it ran before only the labelled positions went
 through the output layer), and the last column says whether its LoRA gradients equal the shared
 pass's to the bit in every repeat.
 """
@@ -40,7 +40,7 @@ def main() -> None:
     import torch
     from peft import get_peft_model
 
-    from trainer import shared_prefix
+    from trainer import output_layer
     from trainer.shared_prefix import shared_prefix_length, shared_prefix_loss
 
     tokenizer, base, environment = airline_model.load(arguments)
@@ -88,11 +88,11 @@ def main() -> None:
             shared_times.append(time.perf_counter() - started)
             gradients = [parameter.grad.clone() for parameter in model.parameters() if parameter.grad is not None]
             model.zero_grad()
-            shared_prefix.LABELLED_ONLY = False
+            output_layer.SCORED_ONLY = False
             started = time.perf_counter()
             shared_prefix_loss(model, ids, mask, labels).backward()
             every_times.append(time.perf_counter() - started)
-            shared_prefix.LABELLED_ONLY = True
+            output_layer.SCORED_ONLY = True
             every = [parameter.grad for parameter in model.parameters() if parameter.grad is not None]
             bitwise.append(len(every) == len(gradients) and all(torch.equal(a, b) for a, b in zip(every, gradients, strict=True)))
             model.zero_grad()

@@ -63,9 +63,12 @@ def _plain_loss(
     total, tokens = torch.zeros(()), 0
     for row, item in enumerate(completions):
         own = logprobs[row, PROMPT - 1 : PROMPT - 1 + len(item.ids)]
-        ratio = torch.exp(own - (item.old if item.old is not None else own.detach()))
-        surrogate = torch.minimum(ratio * item.advantage, ratio.clamp(1 - epsilon, 1 + epsilon) * item.advantage)
         trained = torch.tensor(item.mask, dtype=torch.bool)
+        old = own.detach().clone()
+        if item.old is not None:  # the policy tokens' log-probs
+            old[trained] = item.old
+        ratio = torch.exp(own - old)
+        surrogate = torch.minimum(ratio * item.advantage, ratio.clamp(1 - epsilon, 1 + epsilon) * item.advantage)
         total = total - surrogate[trained].sum()
         tokens += int(trained.sum())
     return total / tokens, logprobs[0, PROMPT - 1 : PROMPT - 1 + len(completions[0].ids)]
@@ -91,7 +94,9 @@ def test_the_shared_prefix_micro_batched_loss_equals_one_plain_pass(adapted: Any
     assert stats.tokens == tokens and stats.clipped == 0
     assert stats.ratio == pytest.approx(tokens)  # first pass: the ratio is 1 on every token
     assert stats.loss == pytest.approx(float(plain.detach()), abs=1e-5)
-    torch.testing.assert_close(completions[0].old, first_row.detach(), atol=1e-5, rtol=1e-4)
+    # The old log-probs kept are the policy tokens' alone.
+    first_trained = torch.tensor(completions[0].mask, dtype=torch.bool)
+    torch.testing.assert_close(completions[0].old, first_row.detach()[first_trained], atol=1e-5, rtol=1e-4)
     for name, gradient in expected.items():
         assert float(gradient.abs().max()) > 0, name  # every LoRA matrix gets a gradient, through the prefix too
         torch.testing.assert_close(got[name], gradient, atol=1e-6, rtol=1e-4, msg=name)
@@ -129,7 +134,8 @@ def test_a_second_pass_over_the_same_rollouts_moves_the_ratio_and_the_clip_binds
 
 def test_the_kl_to_the_reference_is_zero_at_the_reference_and_positive_away_from_it(adapted: Any) -> None:
     prompt, completions = _group([15, 15], seed=5)
-    reference = group_logprobs(adapted, prompt, [item.ids for item in completions], micro_batch=2)
+    reference = group_logprobs(adapted, prompt, [item.ids for item in completions], micro_batch=2, masks=[item.mask for item in completions])
+    assert [len(logprobs) for logprobs in reference] == [sum(item.mask) for item in completions]
     for item, logprobs in zip(completions, reference, strict=True):
         item.reference = logprobs
     tokens = sum(sum(item.mask) for item in completions)

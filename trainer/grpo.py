@@ -295,8 +295,9 @@ def grpo(
         if step or resume is not None:  # at step 0 the policy is the reference: its KL is 0 by definition
             with torch.no_grad(), adapter_weights(model, reference):
                 for prompt, completions in groups:
-                    rows = [completion.ids for completion in completions]
-                    for completion, logprobs in zip(completions, group_logprobs(model, prompt, rows, config.micro_batch, config.temperature), strict=True):
+                    rows, masks = [completion.ids for completion in completions], [completion.mask for completion in completions]
+                    scored = group_logprobs(model, prompt, rows, config.micro_batch, config.temperature, masks)
+                    for completion, logprobs in zip(completions, scored, strict=True):
                         completion.reference = logprobs
         # A step whose every group earned equal rewards teaches nothing: no update, and it says so.
         update = optimise(model, optimizer, groups, config) if groups else dict(NO_UPDATE)

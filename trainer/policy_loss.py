@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from trainer.output_layer import decoder_and_head
+
 
 @dataclass(slots=True)
 class Completion:
@@ -39,8 +41,8 @@ class Completion:
     ids: list[int]  # completion tokens, the policy's and the environment's, in order
     mask: list[int]  # per token: 1 = the policy's own (trained), 0 = the environment's
     advantage: float = 0.0
-    old: torch.Tensor | None = None  # [len(ids)] log-probs when the rollouts were taken; None = now (ratio 1)
-    reference: torch.Tensor | None = None  # [len(ids)] log-probs of the reference policy, for the KL
+    old: torch.Tensor | None = None  # [sum(mask)] the policy tokens' log-probs when the rollouts were taken; None = now (ratio 1)
+    reference: torch.Tensor | None = None  # [sum(mask)] the policy tokens' log-probs under the reference policy, for the KL
 
 
 @dataclass(slots=True)
@@ -88,48 +90,71 @@ def _prefix(model: Any, prompt: Sequence[int], gradient: bool = True) -> tuple[l
 
 
 def _completion_logprobs(
-    model: Any, layers: list[tuple[torch.Tensor, torch.Tensor]], last: torch.Tensor, rows: Sequence[Sequence[int]], temperature: float = 1.0
+    model: Any,
+    layers: list[tuple[torch.Tensor, torch.Tensor]],
+    last: torch.Tensor,
+    rows: Sequence[Sequence[int]],
+    temperature: float = 1.0,
+    masks: Sequence[Sequence[int]] | None = None,
 ) -> list[torch.Tensor]:
-    """log π of every token of each row, the rows continuing the prefix whose cache is ``layers``
-    and whose last logit is ``last``; π is the distribution the rollouts were sampled from, the
-    logits divided by ``temperature`` (as TRL's GRPO does). Rows are right-padded; the padding is masked."""
+    """log π of each row's tokens where its mask is 1 (every token without ``masks``), the rows
+    continuing the prefix whose cache is ``layers`` and whose last logit is ``last``; π is the
+    distribution the rollouts were sampled from, the logits divided by ``temperature`` (as TRL's
+    GRPO does). Rows are right-padded; the padding is masked. Only the positions read go through
+    the output layer (``trainer.output_layer``)."""
     from transformers import DynamicCache
 
     device = _device(model)
     count, width, prefix = len(rows), max(len(row) for row in rows), layers[0][0].shape[2]
     ids = torch.zeros((count, width), dtype=torch.long, device=device)  # [n, W]
     mask = torch.zeros((count, prefix + width), dtype=torch.long, device=device)  # [n, P + W]
+    read = torch.zeros((count, width), dtype=torch.bool, device=device)  # [n, W]: the tokens scored
     mask[:, :prefix] = 1
     for index, row in enumerate(rows):
         ids[index, : len(row)] = torch.tensor(list(row), device=device)
         mask[index, prefix : prefix + len(row)] = 1
+        read[index, : len(row)] = torch.tensor(list(masks[index]), dtype=torch.bool, device=device) if masks is not None else True
     cache = DynamicCache(
         ddp_cache_data=[(keys.expand(count, -1, -1, -1), values.expand(count, -1, -1, -1)) for keys, values in layers],
         config=model.config,
     )
     positions = torch.arange(prefix, prefix + width, device=device).unsqueeze(0).expand(count, -1)
-    logits = model(input_ids=ids, attention_mask=mask, cache=cache, position_ids=positions, use_cache=True).logits  # [n, W, V]
+    inputs = {"input_ids": ids, "attention_mask": mask, "cache": cache, "position_ids": positions, "use_cache": True}
     # The prefix's last logit predicts each row's first token; row position j predicts token j + 1.
-    logits = torch.cat([last.unsqueeze(1).expand(count, -1, -1), logits[:, :-1]], dim=1)
-    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)  # [n, W]
-    return [logprobs[index, : len(row)] for index, row in enumerate(rows)]
+    parts = decoder_and_head(model)
+    if parts is None:
+        logits = model(**inputs).logits  # [n, W, V]
+        logits = torch.cat([last.unsqueeze(1).expand(count, -1, -1), logits[:, :-1]], dim=1)[read]  # [k, V]
+    else:
+        decoder, head = parts
+        hidden = decoder(**inputs).last_hidden_state  # [n, W, H]
+        later = read[:, 1:]  # tokens 1 … W − 1, predicted by positions 0 … W − 2
+        table = torch.cat([last, head(hidden[:, :-1][later])])  # [1 + k', V]: the prefix's logit, then the later tokens'
+        where = torch.zeros((count, width), dtype=torch.long, device=device)
+        where[:, 1:][later] = torch.arange(1, 1 + int(later.sum()), device=device)
+        logits = table[where[read]]  # [k, V], row by row
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, ids[read].unsqueeze(-1)).squeeze(-1)  # [k]
+    return list(logprobs.split(read.sum(dim=1).tolist()))
 
 
 def group_logprobs(
-    model: Any, prompt: Sequence[int], rows: Sequence[Sequence[int]], micro_batch: int, temperature: float = 1.0
+    model: Any, prompt: Sequence[int], rows: Sequence[Sequence[int]], micro_batch: int, temperature: float = 1.0,
+    masks: Sequence[Sequence[int]] | None = None,
 ) -> list[torch.Tensor]:
-    """log π of every completion token, without gradients (the old or the reference policy)."""
+    """log π of the completions' tokens (those whose mask is 1; all without ``masks``), without
+    gradients (the old or the reference policy)."""
     with torch.no_grad():
         layers, last = _prefix(model, prompt)
         out: list[torch.Tensor] = []
         for start in range(0, len(rows), micro_batch):
-            out.extend(_completion_logprobs(model, layers, last, rows[start : start + micro_batch], temperature))
+            end = start + micro_batch
+            out.extend(_completion_logprobs(model, layers, last, rows[start:end], temperature, None if masks is None else masks[start:end]))
     return out
 
 
 def _token_loss(logprobs: torch.Tensor, completion: Completion, epsilon: float, beta: float, stats: LossStats) -> torch.Tensor:
-    """The summed loss of one completion's policy tokens (see the module); adds to ``stats``."""
-    trained = torch.tensor(completion.mask, dtype=torch.bool, device=logprobs.device)
+    """The summed loss of one completion's policy tokens, ``logprobs`` theirs (see the module);
+    adds to ``stats``."""
     if completion.old is None:  # the first pass over fresh rollouts: the current policy took them
         completion.old = logprobs.detach()
     ratio = torch.exp(logprobs - completion.old)
@@ -140,12 +165,12 @@ def _token_loss(logprobs: torch.Tensor, completion: Completion, epsilon: float, 
         kl = torch.exp(difference) - difference - 1
         if beta:
             per_token = per_token + beta * kl
-        stats.kl += float(kl.detach()[trained].sum())
+        stats.kl += float(kl.detach().sum())
     clipped = ((ratio < 1 - epsilon) & (advantage < 0)) | ((ratio > 1 + epsilon) & (advantage > 0))
-    stats.tokens += int(trained.sum())
-    stats.clipped += int(clipped[trained].sum())
-    stats.ratio += float(ratio.detach()[trained].sum())
-    return per_token[trained].sum()
+    stats.tokens += len(logprobs)
+    stats.clipped += int(clipped.sum())
+    stats.ratio += float(ratio.detach().sum())
+    return per_token.sum()
 
 
 def group_backward(
@@ -171,7 +196,9 @@ def group_backward(
     for start in range(0, len(completions), micro_batch):
         chunk = completions[start : start + micro_batch]
         part = LossStats()
-        logprobs = _completion_logprobs(model, cut, cut_last, [completion.ids for completion in chunk], temperature)
+        logprobs = _completion_logprobs(
+            model, cut, cut_last, [completion.ids for completion in chunk], temperature, [completion.mask for completion in chunk]
+        )
         loss = torch.stack([_token_loss(row, completion, epsilon, beta, part) for row, completion in zip(logprobs, chunk, strict=True)])
         loss = loss.sum() / max(normaliser, 1)
         if loss.requires_grad:

@@ -27,8 +27,9 @@ from typing import Any
 import torch
 from trl import SFTTrainer
 
+from trainer.output_layer import decoder_and_head
+
 MIN_PREFIX = 16  # below this many shared tokens the plain forward pass is as cheap
-LABELLED_ONLY = True  # only labelled positions through the output layer (``_scored_loss``); off only to measure it
 
 
 def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> int:
@@ -51,24 +52,11 @@ def _token_loss(logits: torch.Tensor, targets: torch.Tensor, num_items: Any) -> 
     return total / torch.as_tensor(count, device=total.device).clamp(min=1)
 
 
-def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
-    """The decoder stack and the output layer under ``model``'s PEFT wrapper, or None where the
-    model does more to its logits than the output layer (softcapping, scaling)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if not LABELLED_ONLY or any(getattr(base.config, key, None) for key in ("final_logit_softcapping", "logit_scale", "logits_scaling")):
-        return None
-    return base.get_decoder(), base.get_output_embeddings()
-
-
 def _scored_loss(model: Any, first: torch.Tensor | None, inputs: dict[str, Any], targets: torch.Tensor, num_items: Any) -> torch.Tensor:
     """The loss of ``targets`` [rows, T]: target 0 predicted by ``first`` [rows, V] (or, without
     it, by the forward pass's first position, as target j + 1 by position j). Only the positions
-    whose target is labelled go through the output layer: the vocabulary's logits of the others
-    (instructions, tool results, padding; more than half of a demonstration) would be computed
-    and thrown away. Each scored position's logits are the same computation as in the full
-    pass, so the loss and the gradients are too (the gradients to the bit on the CPU,
-    docs/performance.md)."""
-    parts = _decoder_and_head(model)
+    whose target is labelled go through the output layer (``trainer.output_layer``)."""
+    parts = decoder_and_head(model)
     if parts is None:
         logits = model(**inputs).logits
         if first is not None:
