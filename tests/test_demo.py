@@ -83,8 +83,7 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
     assert done.returncode == 0, output[-3000:]
     stages = [
         "capability selected: tool_call_precision", "environment 1 (tool_call_precision): checked",
-        "training run 1 (tool_call_precision v1): running",
-        "model-driven traffic holds while run 1 trains", "model-driven traffic resumes",
+        "training run 1 (tool_call_precision v1): running", "model-driven traffic resumes",
         "candidate ready: tool_call_precision@v1",
         "tool_call_precision@v1: candidate → approved by admin", "tool_call_precision@v1: approved → canary by promotion",
         "tool_call_precision@v1: canary → live by promotion",
@@ -92,6 +91,8 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
     ]  # fmt: skip
     positions = [output.find(stage) for stage in stages]
     assert all(position >= 0 for position in positions) and positions == sorted(positions), (positions, output[-4000:])
+    # The traffic holds from the environment on (its gate, or its wait for the trainer) until the run ends.
+    assert positions[1] < output.find("model-driven traffic holds while ") < output.find("model-driven traffic resumes"), output[-4000:]
     before, _, after = output.rpartition("model-driven failure rate before the adapter: ")[2].partition("; after: ")
     assert before.split(" on ")[1].strip().isdigit() and int(after.split(" on ")[1].split()[0]) >= 3, output[-1000:]
     assert "tool_call_precision lacking before the adapter: " in output, output[-1000:]
@@ -224,8 +225,8 @@ def test_with_two_adapters_wanted_each_gets_its_periods_and_after_waits_for_both
     narrator._adapters([{**first, "state": "live"}], {})
     tally.add("c", True)
     # The second capability trains: with one adapter live of two wanted, the traffic holds for it.
-    narrator._runs([{"run_id": 2, "capability": "error_recovery", "version": 1, "status": "rejected_by_eval"},
-                    {"run_id": 3, "capability": "error_recovery", "version": 1, "status": "running", "config": {}}])  # fmt: skip
+    narrator._hold_traffic([], [{"run_id": 2, "environment_id": 2, "status": "rejected_by_eval"},
+                                {"run_id": 3, "environment_id": 2, "status": "running"}], measuring=False)  # fmt: skip
     assert hold.is_set()
     narrator._adapters([{**first, "state": "live"}, {**second, "state": "canary"}], {})
     tally.add("d", True)

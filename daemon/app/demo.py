@@ -171,8 +171,9 @@ class Traffic(threading.Thread):
     or an adapter behind the router) and, with policy "mixed", of the scripted flows that run next
     to it, whose successes give the analysis its contrast. Model-driven outcomes are tallied.
 
-    While ``hold`` is set (an adapter trains), the model-driven conversations wait and the scripted
-    flows go on: on two cores the router's generation and the trainer would halve each other."""
+    While ``hold`` is set (a gate or a training run has the cores), the model-driven conversations
+    wait and the scripted flows go on: on two cores the router's generation and the trainer would
+    halve each other."""
 
     def __init__(self, settings: Settings, tally: Tally, policy: str, rate: float) -> None:
         super().__init__(name="demo-traffic", daemon=True)
@@ -257,7 +258,7 @@ class Narrator:
         self.client = client
         self.adapters = adapters  # live adapters wanted before the 'after' period
         self.warm_start = warm_start  # an environment too hard for the base still trains (from its solutions)
-        self.hold = hold  # when given: set while a run trains before any adapter serves (the model-driven traffic waits)
+        self.hold = hold  # when given: set from a gate to its run's end before any adapter serves (the model-driven traffic waits)
         self.tally = tally
         self.auto_approve = auto_approve
         self.dashboard_url = dashboard_url
@@ -297,8 +298,10 @@ class Narrator:
         )
         self._capabilities(capabilities)
         self._environments(environments)
-        # The canary and the 'after' period need the model-driven traffic; otherwise it holds while a run trains.
-        self._runs(runs, measuring=any(item["state"] == "canary" for item in adapters) or self.tally.period == "after")
+        # The canary and the 'after' period need the model-driven traffic; otherwise it holds while a
+        # model job has the cores.
+        self._hold_traffic(environments, runs, measuring=any(item["state"] == "canary" for item in adapters) or self.tally.period == "after")
+        self._runs(runs)
         self._adapters(adapters, routing)
         self._decisions(audit, {item["adapter_id"]: f"{item['capability']}@v{item['version']}" for item in adapters})
         self.rows["model-driven failure rate"] = " · ".join(
@@ -329,24 +332,36 @@ class Narrator:
             latest = environments[0]
             self.rows["environment"] = f"{latest['family']}: {latest['status']}"
 
-    def _runs(self, runs: list[dict[str, Any]], measuring: bool = False) -> None:
-        """Narrate the latest run; hold the model-driven traffic while one trains, unless an adapter
-        is in canary or live (the canary and the after-measurement need that traffic)."""
+    def _hold_traffic(self, environments: list[dict[str, Any]], runs: list[dict[str, Any]], measuring: bool) -> None:
+        """Hold the model-driven traffic from an environment's gate to the end of its training run,
+        unless an adapter is in canary or live (the canary and the after-measurement need that
+        traffic). The conversations under way when the hold begins finish during the gate, which
+        runs on one core beside the router's, so the trainer starts on idle cores."""
+        if self.hold is None:
+            return
+        trained = {run["environment_id"] for run in runs if "environment_id" in run}
+        waiting = ("validated", "rejected") if self.warm_start else ("validated",)
+        busy = [] if measuring else [
+            *(f"run {run['run_id']} trains" for run in runs if run["status"] in ("queued", "running")),
+            *(f"environment {item['environment_id']}'s gate runs" for item in environments if item["status"] == "validating"),
+            *(f"environment {item['environment_id']} waits to be trained" for item in environments
+              if item["status"] in ("checked", *waiting) and item["environment_id"] not in trained),
+        ]  # fmt: skip
+        if bool(busy) == self.hold.is_set():
+            return
+        if busy:
+            self.hold.set()
+            self.event(f"hold:{busy[0]}", f"model-driven traffic holds while {busy[0]} (the model jobs get the cores)")
+        else:
+            self.hold.clear()
+            self.event(f"resume:{runs[0]['run_id'] if runs else 0}", "model-driven traffic resumes")
+
+    def _runs(self, runs: list[dict[str, Any]]) -> None:
+        """Narrate the latest run and its progress."""
         if not runs:
             return
         run = runs[0]
         self.event(f"run:{run['run_id']}:{run['status']}", f"training run {run['run_id']} ({run['capability']} v{run['version']}): {run['status']}")
-        running = [item for item in runs if item["status"] == "running"] if not measuring else []
-        if self.hold is not None and bool(running) != self.hold.is_set():
-            if running:
-                self.hold.set()
-                self.event(
-                    f"hold:{running[0]['run_id']}",
-                    f"model-driven traffic holds while run {running[0]['run_id']} trains (the trainer gets the cores)",
-                )  # fmt: skip
-            else:
-                self.hold.clear()
-                self.event(f"resume:{runs[0]['run_id']}", "model-driven traffic resumes")
         if run["status"] == "running":
             detail = self.client.get(f"/api/runs/{run['run_id']}")
             progress = detail.get("progress") or []

@@ -254,13 +254,15 @@ class Daemon:
             ("assemble", self._assemble, self.settings.assembler.interval_s, 1),
             ("analyze", self._analyze, analysis, 1),
             ("trigger", self._serialized(self.trigger.run_pass), analysis, 1),
-            ("synthesize", self._serialized(self.synthesizer.run_pass), analysis, 1),
+            # Woken by the stage before it (FOLLOWING) as it may be running: the second instance
+            # waits for the first's turn, then looks again, instead of being skipped with a warning.
+            ("synthesize", self._serialized(self.synthesizer.run_pass), analysis, 2),
             # Not serialized: a gate run takes minutes and moves no capability state. A second
             # instance returns at once while one runs, instead of a "skipped" warning each interval.
             ("validate", self.validator.run_pass, analysis, 2),
             # Moves capability states with compare-and-set; a run takes minutes, so not serialized.
             ("train", self.training.run_pass, analysis, 2),
-            ("promote", lambda: self.promotion.run_pass(self.router_admin), promotion, 1),
+            ("promote", lambda: self.promotion.run_pass(self.router_admin), promotion, 2),  # woken too; takes turns inside
             # A gate run takes minutes; a second instance returns at once while one runs.
             ("gate", self.gates.run_pass, promotion, 2),
             ("retention", self._retention, self.settings.retention.interval_s, 1),
