@@ -1,9 +1,12 @@
 """A pipeline stage that did something wakes the stages after it at once, instead of leaving them
-to their next interval: the daemon's real scheduler and jobs, in-process, nothing started."""
+to their next interval: the daemon's own job wrappers and wake-ups, in-process, with passes that
+record when they run."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+import queue
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from daemon.app.service import FOLLOWING, Daemon
@@ -11,32 +14,39 @@ from daemon.core.settings import Settings
 
 
 def test_a_stage_that_did_something_wakes_the_stages_after_it(tmp_path: Path) -> None:
-    settings = Settings.model_validate({
-        "store": {"path": str(tmp_path / "tracefix.duckdb")},
-        "analysis": {"interval_s": 3600},
-        "promotion": {"interval_s": 3600},
-    })  # fmt: skip
+    settings = Settings.model_validate({"store": {"path": str(tmp_path / "tracefix.duckdb")}, "analysis": {"interval_s": 3600}})
     daemon = Daemon(settings)
+    ran: queue.Queue[str] = queue.Queue()
+
+    def stage(name: str, *results: object) -> Callable[[], None]:
+        """A pass that records itself and returns ``results`` in turn (then None: nothing to do)."""
+        left = list(results)
+
+        def run() -> object:
+            ran.put(name)
+            return left.pop(0) if left else None
+
+        return daemon._job(name, run)
+
+    def runs(wait_s: float = 0.5) -> list[str]:
+        time.sleep(wait_s)
+        names = []
+        while not ran.empty():
+            names.append(ran.get())
+        return sorted(names)
+
     try:
         daemon._schedule()
-        daemon.scheduler.start(paused=True)  # next run times set, nothing runs
-
-        def due(job: str) -> datetime:
-            return daemon.scheduler.get_job(job).next_run_time
-
-        later = datetime.now(timezone.utc) + timedelta(minutes=30)
-        stages = ("synthesize", "validate", "train", "promote")
-        assert all(due(job) > later for job in stages)
-        daemon._job("validate", lambda: None)()  # a pass that found nothing to do
-        assert all(due(job) > later for job in stages)
-        daemon._job("validate", lambda: 7)()  # environment 7 validated
-        soon = datetime.now(timezone.utc) + timedelta(seconds=5)
-        assert due("validate") <= soon and due("train") <= soon  # the next environment, and training
-        assert due("synthesize") > later and due("promote") > later
-        daemon._job("train", lambda: 3)()  # run 3 has its verdict
-        assert due("promote") <= soon
+        assert set(FOLLOWING) <= set(daemon._runners)  # every stage that hands on is a scheduled job
+        daemon._runners.update({"validate": stage("validate"), "train": stage("train", 3), "promote": stage("promote")})
+        daemon._job("validate", lambda: None)()  # a pass that found nothing to do wakes nobody
+        assert runs() == []
+        daemon._job("validate", lambda: 7)()  # environment 7 validated: the next environment, and training
+        # ... and training, which had a run to finish (3), hands on to itself and to promotion.
+        assert runs(1.0) == ["promote", "train", "train", "validate"]
         daemon.wake("no such job")  # nothing to wake: no error
-        assert set(FOLLOWING) <= {job.id for job in daemon.scheduler.get_jobs()}
+        daemon._draining.set()  # the daemon drains: nothing more is woken
+        daemon._job("validate", lambda: 7)()
+        assert runs() == []
     finally:
-        daemon.scheduler.shutdown(wait=False)
         daemon.store.close()

@@ -8,7 +8,6 @@ import socket
 import sys
 import threading
 import time
-from datetime import datetime, timezone
 from typing import Any
 
 import uvicorn
@@ -101,6 +100,10 @@ class Daemon:
         self.api = create_api(self)
         self.endpoints: dict[str, str] = {}
         self._job_errors: dict[str, str] = {}
+        self._runners: dict[str, Any] = {}  # job id -> its wrapped pass (``_schedule``), for ``wake``
+        self._woken: list[threading.Thread] = []
+        self._woken_lock = threading.Lock()
+        self._draining = threading.Event()
         # Jobs that move capability states take turns; the store's compare-and-set guards the rest.
         self._state_lock = threading.Lock()
 
@@ -127,13 +130,18 @@ class Daemon:
         return run
 
     def wake(self, job_id: str) -> None:
-        """Run the job now instead of at its next interval (nothing when the daemon does not run it)."""
-        from apscheduler.jobstores.base import JobLookupError
-
-        try:
-            self.scheduler.modify_job(job_id, next_run_time=datetime.now(timezone.utc))
-        except JobLookupError:
-            pass
+        """Run the job's pass now, on a thread of its own, instead of at its next interval (nothing
+        once the daemon drains, or for a job it does not run). Each pass guards itself against
+        another running (the state lock, a pass lock, the promotion's turn), as its scheduled
+        instances already rely on. (Moving the job's next run time in the scheduler instead lost
+        the analysis job's schedule under load.)"""
+        runner = self._runners.get(job_id)
+        if runner is None or self._draining.is_set():
+            return
+        thread = threading.Thread(target=runner, name=f"wake-{job_id}", daemon=True)
+        with self._woken_lock:
+            self._woken = [item for item in self._woken if item.is_alive()] + [thread]
+        thread.start()
 
     def _serialized(self, function: Any) -> Any:
         def run() -> Any:
@@ -254,26 +262,26 @@ class Daemon:
             ("assemble", self._assemble, self.settings.assembler.interval_s, 1),
             ("analyze", self._analyze, analysis, 1),
             ("trigger", self._serialized(self.trigger.run_pass), analysis, 1),
-            # Woken by the stage before it (FOLLOWING) as it may be running: the second instance
-            # waits for the first's turn, then looks again, instead of being skipped with a warning.
-            ("synthesize", self._serialized(self.synthesizer.run_pass), analysis, 2),
+            ("synthesize", self._serialized(self.synthesizer.run_pass), analysis, 1),
             # Not serialized: a gate run takes minutes and moves no capability state. A second
             # instance returns at once while one runs, instead of a "skipped" warning each interval.
             ("validate", self.validator.run_pass, analysis, 2),
             # Moves capability states with compare-and-set; a run takes minutes, so not serialized.
             ("train", self.training.run_pass, analysis, 2),
-            ("promote", lambda: self.promotion.run_pass(self.router_admin), promotion, 2),  # woken too; takes turns inside
+            ("promote", lambda: self.promotion.run_pass(self.router_admin), promotion, 1),
             # A gate run takes minutes; a second instance returns at once while one runs.
             ("gate", self.gates.run_pass, promotion, 2),
             ("retention", self._retention, self.settings.retention.interval_s, 1),
         )
         for job_id, function, seconds, instances in jobs:
-            self.scheduler.add_job(self._job(job_id, function), "interval", seconds=seconds, id=job_id, max_instances=instances)
+            self._runners[job_id] = self._job(job_id, function)
+            self.scheduler.add_job(self._runners[job_id], "interval", seconds=seconds, id=job_id, max_instances=instances)
 
     def _stop_requested(self, signum: int, frame: Any) -> None:
         log.info("received %s; draining", signal.Signals(signum).name)
 
     def shutdown(self, sockets: list[socket.socket]) -> None:
+        self._draining.set()  # no more woken passes
         if self.grpc_receiver is not None:
             self.grpc_receiver.stop()
         self.validator.stop()  # else the scheduler would wait for a model run to finish
@@ -281,6 +289,10 @@ class Daemon:
         self.gates.stop()
         if self.scheduler.running:
             self.scheduler.shutdown(wait=True)
+        with self._woken_lock:
+            woken = list(self._woken)
+        for thread in woken:
+            thread.join()
         self.writer.stop()
         for sock in sockets:
             sock.close()
