@@ -53,9 +53,10 @@ def _token_loss(logits: torch.Tensor, targets: torch.Tensor, num_items: Any) -> 
 
 
 def _scored_loss(model: Any, first: torch.Tensor | None, inputs: dict[str, Any], targets: torch.Tensor, num_items: Any) -> torch.Tensor:
-    """The loss of ``targets`` [rows, T]: target 0 predicted by ``first`` [rows, V] (or, without
-    it, by the forward pass's first position, as target j + 1 by position j). Only the positions
-    whose target is labelled go through the output layer (``trainer.output_layer``)."""
+    """The loss of ``targets`` [rows, T] after the forward pass of ``inputs``. With ``first``
+    [rows, V], target 0 is predicted by it and target j + 1 by position j; without, target j by
+    position j. Only the positions whose target is labelled go through the output layer
+    (``trainer.output_layer``)."""
     parts = decoder_and_head(model)
     if parts is None:
         logits = model(**inputs).logits
