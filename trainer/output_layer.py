@@ -21,7 +21,7 @@ SCORED_ONLY = True  # off only to measure it: every position through the output 
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
-def decoder_and_head(model: Any) -> tuple[Any, Any] | None:
+def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
     """The decoder stack and the output layer under ``model``'s PEFT wrapper, or None where the
     whole forward pass must run: ``SCORED_ONLY`` off, or a model that does more to its logits than
     the output layer."""
@@ -29,3 +29,15 @@ def decoder_and_head(model: Any) -> tuple[Any, Any] | None:
     if not SCORED_ONLY or any(getattr(base.config, key, None) for key in _LOGIT_TRANSFORMS):
         return None
     return base.get_decoder(), base.get_output_embeddings()
+
+
+def scored_logits(model: Any, inputs: dict[str, Any], where: Any) -> Any:
+    """The logits of ``model``'s forward pass over ``inputs`` at the positions ``where`` (a boolean
+    [rows, W'] over its first W' positions), [k, V] row by row. Only those positions go through the
+    output layer; a model whose logits are more than the output layer's runs whole and they are
+    picked from it."""
+    parts = _decoder_and_head(model)
+    if parts is None:
+        return model(**inputs).logits[:, : where.shape[1]][where]
+    decoder, head = parts
+    return head(decoder(**inputs).last_hidden_state[:, : where.shape[1]][where])

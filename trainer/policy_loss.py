@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from trainer.output_layer import decoder_and_head
+from trainer.output_layer import scored_logits
 
 
 @dataclass(slots=True)
@@ -121,18 +121,11 @@ def _completion_logprobs(
     positions = torch.arange(prefix, prefix + width, device=device).unsqueeze(0).expand(count, -1)
     inputs = {"input_ids": ids, "attention_mask": mask, "cache": cache, "position_ids": positions, "use_cache": True}
     # The prefix's last logit predicts each row's first token; row position j predicts token j + 1.
-    parts = decoder_and_head(model)
-    if parts is None:
-        logits = model(**inputs).logits  # [n, W, V]
-        logits = torch.cat([last.unsqueeze(1).expand(count, -1, -1), logits[:, :-1]], dim=1)[read]  # [k, V]
-    else:
-        decoder, head = parts
-        hidden = decoder(**inputs).last_hidden_state  # [n, W, H]
-        later = read[:, 1:]  # tokens 1 … W − 1, predicted by positions 0 … W − 2
-        table = torch.cat([last, head(hidden[:, :-1][later])])  # [1 + k', V]: the prefix's logit, then the later tokens'
-        where = torch.zeros((count, width), dtype=torch.long, device=device)
-        where[:, 1:][later] = torch.arange(1, 1 + int(later.sum()), device=device)
-        logits = table[where[read]]  # [k, V], row by row
+    later = read[:, 1:]  # tokens 1 … W − 1, predicted by positions 0 … W − 2
+    table = torch.cat([last, scored_logits(model, inputs, later)])  # [1 + k', V]: the prefix's logit, then the later tokens'
+    where = torch.zeros((count, width), dtype=torch.long, device=device)
+    where[:, 1:][later] = torch.arange(1, 1 + int(later.sum()), device=device)
+    logits = table[where[read]]  # [k, V], row by row
     logprobs = torch.log_softmax(logits.float() / temperature, dim=-1).gather(-1, ids[read].unsqueeze(-1)).squeeze(-1)  # [k]
     return list(logprobs.split(read.sum(dim=1).tolist()))
 

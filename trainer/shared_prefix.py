@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from trl import SFTTrainer
 
-from trainer.output_layer import decoder_and_head
+from trainer.output_layer import scored_logits
 
 MIN_PREFIX = 16  # below this many shared tokens the plain forward pass is as cheap
 
@@ -57,17 +57,9 @@ def _scored_loss(model: Any, first: torch.Tensor | None, inputs: dict[str, Any],
     [rows, V], target 0 is predicted by it and target j + 1 by position j; without, target j by
     position j. Only the positions whose target is labelled go through the output layer
     (``trainer.output_layer``)."""
-    parts = decoder_and_head(model)
-    if parts is None:
-        logits = model(**inputs).logits
-        if first is not None:
-            logits = torch.cat([first.unsqueeze(1), logits], dim=1)
-        return _token_loss(logits[:, : targets.shape[1]], targets, num_items)
-    decoder, head = parts
-    hidden = decoder(**inputs).last_hidden_state  # [rows, W, H]
-    own = targets[:, 1:] if first is not None else targets  # the targets of the hidden positions
+    own = targets[:, 1:] if first is not None else targets  # the targets of the forward pass's positions
     scored = own != -100
-    logits = head(hidden[:, : own.shape[1]][scored])  # [labelled, V]
+    logits = scored_logits(model, inputs, scored)  # [labelled, V]
     if first is None:
         return _token_loss(logits, own[scored], num_items)
     return _token_loss(torch.cat([first, logits]), torch.cat([targets[:, 0], own[scored]]), num_items)

@@ -339,7 +339,7 @@ class Narrator:
         runs on one core beside the router's, so the trainer starts on idle cores."""
         if self.hold is None:
             return
-        trained = {run["environment_id"] for run in runs if "environment_id" in run}
+        trained = {run["environment_id"] for run in runs}
         waiting = ("validated", "rejected") if self.warm_start else ("validated",)
         busy = [] if measuring else [
             *(f"run {run['run_id']} trains" for run in runs if run["status"] in ("queued", "running")),
