@@ -11,9 +11,7 @@ for, so replacing or removing one of its adapters falls back to classifier routi
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import random
 import threading
 import time
 from collections import OrderedDict
@@ -25,6 +23,7 @@ from typing import Any
 
 from router import metrics
 from router.backend import AdapterConflict, Backend, BackendUnavailable, GateSpec
+from router.split import Split
 from trainer.adapters import AdapterRejected, read_manifest
 
 log = logging.getLogger(__name__)
@@ -38,13 +37,6 @@ CLASSIFIER_INSTRUCTIONS = (
 )
 CLASSIFIER_CHARS = 4000  # of the first user turn; the label depends on what the task is, not its details
 CLASSIFIER_CACHE = 1024  # an agent repeats its first user turn on every step of a run
-
-
-def _unit_hash(text: str | None) -> float:
-    """A stable number in [0, 1) for a conversation (its id, else its first user turn; random without either)."""
-    if text is None:
-        return random.random()
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") / 2**64
 
 
 class RoutingError(ValueError):
@@ -71,6 +63,7 @@ class LiveAdapter:
     in_flight: int = 0
     retiring: bool = False
     canary: float | None = None  # a canary's share of its capability's traffic
+    split: Split | None = field(default=None, repr=False)  # … and which conversations take it
 
     @property
     def role(self) -> str:
@@ -212,17 +205,17 @@ class RoutingTable:
 
     def _serve(self, reason: str, capability: str | None, unit: str | None) -> Lease:
         """Hold the version that serves `capability`'s request (table lock held): its live version, or
-        its canary for the canary's share of conversations. A conversation keeps its arm for all of
-        its requests: the split hashes `unit`, its id or else its first user turn. (Hashing the turn
-        alone splits by what users ask: an agent whose users open with the same words puts them all
-        on one arm, and the arms then differ by task as well as by version.)"""
+        its canary for the canary's share of conversations (`router.split`: permuted blocks). A
+        conversation keeps its arm for all of its requests: the split remembers `unit`, its id or
+        else its first user turn. (The turn alone splits by what users ask: an agent whose users open
+        with the same words puts them all on one arm, and the arms then differ by task as well as by
+        version.)"""
         if capability is None:
             return Lease(None, reason)
         current, canary = self.current.get(capability), self.canaries.get(capability)
         arm = None
         if canary is not None:
-            share = self.adapters[canary].canary or 0.0
-            arm = "canary" if _unit_hash(unit) < share else "control"
+            arm = self.adapters[canary].split.arm(unit)  # type: ignore[union-attr]
             current = canary if arm == "canary" else current
         lease = self._hold(reason, [current] if current else [])
         lease.capability, lease.arm = capability, arm
@@ -278,7 +271,8 @@ class RoutingTable:
                 raise
             with self._lock:
                 self.adapters[name] = LiveAdapter(
-                    name, capability, version, description or capability.replace("_", " "), str(path), time.time(), canary=canary
+                    name, capability, version, description or capability.replace("_", " "), str(path), time.time(), canary=canary,
+                    split=Split(canary) if canary is not None else None,
                 )
                 replaced = [self.canaries.pop(capability, None)]
                 if canary is None:
@@ -310,7 +304,7 @@ class RoutingTable:
                 del self.canaries[adapter.capability]
                 previous = self.current.get(adapter.capability)
                 self.current[adapter.capability] = name
-                adapter.canary = None
+                adapter.canary, adapter.split = None, None
                 retired = self._retire(previous) if previous else None
                 description = adapter.describe()
             metrics.SWAPS.labels("promoted").inc()

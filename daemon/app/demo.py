@@ -22,7 +22,7 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from daemon.app.client import ApiError, DaemonClient, DaemonUnavailable
 from daemon.core.intervals import wilson
@@ -30,6 +30,9 @@ from daemon.core.progress import grpo_added_text, progress_text
 from daemon.core.settings import ENV_PREFIX, Settings, load_settings
 from daemon.app.supervisor import loopback
 from examples.airline.instructions import SERVICE_NAME
+
+if TYPE_CHECKING:  # the runner imports the OpenTelemetry SDK and Faker; the CLI loads this module
+    from examples.airline.runner import Batch, Session
 
 # Demo defaults: analysis often enough to watch, a gate and training sized for the CPU, a canary
 # that decides on a few dozen conversations.
@@ -156,24 +159,76 @@ PANEL_BATCH = 4
 
 def model_driven(router_url: str, collector_url: str | None, max_tokens: int) -> dict[str, Any]:
     """The model-driven agent's run settings (examples.airline.runner.RunConfig fields) for one
-    batch of the panel; the seed (0 … PANEL_BATCHES - 1) picks the batch's goals. The batch's
-    conversations run at once: the router's continuous batching serves 12.3 of them a minute four
-    at a time against 9.0 two at a time (docs/performance.md, "Router: continuous batching"), and
-    the canary's verdict waits for their outcomes."""
+    batch of the panel; the seed (0 … PANEL_BATCHES - 1) picks the batch's goals. Four
+    conversations are in flight at once: the router's continuous batching serves 12.3 of them a
+    minute four at a time against 9.0 two at a time (docs/performance.md, "Router: continuous
+    batching"), and the canary's verdict waits for their outcomes."""
     return {
         "policy": "llm", "router": router_url, "collector": collector_url, "conversations": PANEL_BATCH, "concurrency": PANEL_BATCH,
         "max_tokens": max_tokens, "max_turns": 4, "temperature": 0.3, "service_name": MODEL_DRIVEN,
     }  # fmt: skip
 
 
+class Stream:
+    """One policy's conversations, `concurrency` in flight, the next one started as soon as one
+    ends (at most `rate` a second): seeded batches of `conversations` goals, batch after batch,
+    the seed of each from `seed_of(batch number)`. Without a barrier between batches a slow
+    conversation holds up only its own worker: waiting for a whole batch to end before the next
+    began left the router serving fewer than four conversations most of the time (6.5 finished a
+    minute during Run 23's canary, against 12.3 four at a time)."""
+
+    def __init__(self, settings: dict[str, Any], seed_of: Callable[[int], int], counted: bool, holds: bool) -> None:
+        from examples.airline.runner import configure
+
+        self.config = configure(**settings)
+        self.seed_of = seed_of
+        self.counted = counted  # its outcomes go to the tally
+        self.holds = holds  # it waits while the traffic holds
+        self._lock = threading.Lock()
+        self._session: Session | None = None
+        self._number = 0
+        self._batch: Batch | None = None
+        self._next_start = 0.0
+
+    def session(self) -> Session:
+        """The stream's session, opened once (RouterUnavailable while its endpoint does not answer)."""
+        from examples.airline.runner import Session
+
+        with self._lock:
+            if self._session is None:
+                self._session = Session(self.config)
+            return self._session
+
+    def take(self, stopping: threading.Event) -> tuple[Batch, int, int] | None:
+        """The next conversation (its batch, index in the batch and number in the stream) once the
+        pace allows it; None when stopping meanwhile."""
+        session = self.session()
+        with self._lock:
+            number, self._number = self._number, self._number + 1
+            batch_number, index = divmod(number, self.config.conversations)
+            if index == 0 or self._batch is None:
+                self._batch = session.batch(self.seed_of(batch_number))
+            batch, now = self._batch, time.monotonic()
+            start, self._next_start = max(now, self._next_start), max(now, self._next_start) + (1 / self.config.rate if self.config.rate > 0 else 0)
+        if stopping.wait(start - now):
+            return None
+        return batch, index, number
+
+    def close(self) -> None:
+        """Send the spans still held (after the workers have ended)."""
+        if self._session is not None:
+            self._session.close()
+
+
 class Traffic(threading.Thread):
     """The example deployment until stopped: conversations of the model-driven agent (the base model
     or an adapter behind the router) and, with policy "mixed", of the scripted flows that run next
-    to it, whose successes give the analysis its contrast. Model-driven outcomes are tallied.
+    to it, whose successes give the analysis its contrast. Each is a `Stream`; model-driven outcomes
+    are tallied.
 
     While ``hold`` is set (a gate or a training run has the cores), the model-driven conversations
-    wait and the scripted flows go on: on two cores the router's generation and the trainer would
-    halve each other."""
+    under way finish and no new one starts; the scripted flows go on: on two cores the router's
+    generation and the trainer would halve each other."""
 
     def __init__(self, settings: Settings, tally: Tally, policy: str, rate: float) -> None:
         super().__init__(name="demo-traffic", daemon=True)
@@ -186,37 +241,54 @@ class Traffic(threading.Thread):
         # own statistics (GET /api/agents/{name}/capabilities) leave them out.
         flows = {**common, "policy": "scripted", "skip_confirmation": 0.0, "skip_read": 0.0, "service_name": SCRIPTED_FLOWS}
         planted = {**common, "policy": "scripted", "skip_confirmation": 0.5, "skip_read": 0.3}
-        self.plan = {"llm": [model], "mixed": [model, flows], "scripted": [planted]}[policy]
+        # The model-driven agent cycles through one panel of seeded goals, so "before" and "after"
+        # the adapter are measured on the same customers and requests.
+        panel = Stream(model, lambda batch: batch % PANEL_BATCHES, counted=True, holds=True)
+        self.streams = {
+            "llm": [panel],
+            "mixed": [panel, Stream(flows, lambda batch: batch, counted=False, holds=False)],
+            "scripted": [Stream(planted, lambda batch: batch, counted=True, holds=False)],
+        }[policy]
         self.tally = tally
         self.stopping = threading.Event()
         self.hold = threading.Event()
         self.error: str | None = None
-        self.batches = 0
 
     def run(self) -> None:
-        from examples.airline.runner import RouterUnavailable, run_conversations
+        workers = [
+            threading.Thread(target=self._work, args=(stream,), name=f"demo-{stream.config.policy}-{slot}", daemon=True)
+            for stream in self.streams for slot in range(max(1, stream.config.concurrency))
+        ]  # fmt: skip
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        for stream in self.streams:
+            stream.close()
+
+    def _work(self, stream: Stream) -> None:
+        """One of a stream's workers: a conversation at a time until stopped."""
+        from examples.airline.runner import RouterUnavailable
 
         while not self.stopping.is_set():
-            for config in self.plan:
-                if self.stopping.is_set():
-                    return
-                if config["policy"] == "llm" and self.hold.is_set():
-                    self.stopping.wait(2)
-                    continue
-                counted = config["policy"] == "llm" or len(self.plan) == 1
-                # The model-driven agent cycles through one panel of seeded goals, so "before" and
-                # "after" the adapter are measured on the same customers and requests.
-                seed = self.batches % PANEL_BATCHES if config["policy"] == "llm" else self.batches
-                try:
-                    run_conversations(
-                        seed=seed, on_outcome=(lambda outcome: self.tally.add(outcome.conversation_id, outcome.success, outcome.progress)) if counted else None,
-                        **config,
-                    )  # fmt: skip
-                    self.error = None
-                except RouterUnavailable as error:  # the router restarts: wait, then go on
-                    self.error = str(error)
-                    self.stopping.wait(5)
-            self.batches += 1
+            if stream.holds and self.hold.is_set():
+                self.stopping.wait(2)
+                continue
+            try:
+                taken = stream.take(self.stopping)
+            except RouterUnavailable as error:  # the router (re)starts: wait, then go on
+                self.error = str(error)
+                self.stopping.wait(5)
+                continue
+            if taken is None:
+                return
+            batch, index, number = taken
+            outcome = stream.session().run(batch, index, number)
+            self.error = None
+            if stream.counted:
+                self.tally.add(outcome.conversation_id, outcome.success, outcome.progress)
+            if outcome.ended == "model_error":  # back off while the router is away
+                self.stopping.wait(5)
 
 
 def number_text(value: float | None) -> str:

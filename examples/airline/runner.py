@@ -16,7 +16,7 @@ from examples.airline.database import Database
 from examples.airline.instructions import SERVICE_NAME
 from examples.airline.outcomes import Outcome
 from examples.airline.policies import LLMPolicy, Policy, ScriptedPolicy
-from examples.airline.tasks import make_tasks
+from examples.airline.tasks import Task, make_tasks
 from examples.airline.telemetry import Telemetry
 
 
@@ -110,6 +110,68 @@ def _request_attributes(config: RunConfig) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One seed's goals: a freshly generated database and its tasks. The batch's conversations share
+    the database and change it, so a batch run again is generated again."""
+
+    seed: int
+    database: Database
+    tasks: list[Task]
+
+
+class Session:
+    """What the conversations of a run share: the model client (checked once), one telemetry
+    pipeline and the run id. `run_conversations` is one session over one batch; a caller that
+    schedules conversations itself (the demo keeps a stream of them going over a panel of seeded
+    batches) takes the pieces.
+
+    Raises RouterUnavailable when the llm policy's endpoint does not answer."""
+
+    def __init__(self, config: RunConfig) -> None:
+        if config.policy not in ("llm", "scripted"):
+            raise ValueError(f"policy must be 'llm' or 'scripted', not {config.policy!r}")
+        self.config = config
+        self.client = _client(config) if config.policy == "llm" else None
+        self.run_id = config.run_id or uuid.uuid4().hex[:8]
+        self.telemetry = Telemetry(config.collector or None, config.service_name)
+        self._attributes = _request_attributes(config)
+
+    def batch(self, seed: int) -> Batch:
+        """`config.conversations` seeded tasks over a fresh database."""
+        database = Database.generate(seed, users=self.config.users)
+        return Batch(seed, database, make_tasks(database, self.config.conversations, seed))
+
+    def run(self, batch: Batch, index: int, number: int | None = None) -> Outcome:
+        """Run the batch's `index`-th task; `number` (default `index`) names the conversation within
+        the run, so a run over several batches keeps its conversation ids apart."""
+        config = self.config
+        if self.client is not None:
+            policy: Policy = LLMPolicy(self.client, config.model, config.max_tokens, config.temperature)
+        else:
+            flaws = random.Random(f"flaws-{batch.seed}-{index}")
+            skip_confirmation = flaws.random() < config.skip_confirmation
+            skip_read = flaws.random() < config.skip_read
+            policy = ScriptedPolicy(random.Random(f"calls-{batch.seed}-{index}"), skip_confirmation, skip_read)
+        conversation = Conversation(
+            batch.tasks[index], batch.database, policy, self.telemetry, f"airline-{self.run_id}-{index if number is None else number:04d}",
+            random.Random(f"conversation-{batch.seed}-{index}"), self._attributes,
+        )  # fmt: skip
+        return conversation.run(config.max_turns)
+
+    def close(self) -> None:
+        """Send what the telemetry pipeline still holds."""
+        self.telemetry.shutdown()
+
+
+def configure(config: RunConfig | None = None, **settings: Any) -> RunConfig:
+    """`config` (default RunConfig()) with keyword settings overriding its fields."""
+    unknown = set(settings) - {field.name for field in fields(RunConfig)}
+    if unknown:
+        raise TypeError(f"unknown settings: {', '.join(sorted(unknown))}")
+    return replace(config or RunConfig(), **settings)
+
+
 def run_conversations(
     config: RunConfig | None = None, *, on_outcome: Callable[[Outcome], None] | None = None, **settings: Any
 ) -> RunOutcomes:
@@ -117,34 +179,13 @@ def run_conversations(
     `config`'s fields). `on_outcome` is called from a worker thread as each conversation ends.
 
     Raises RouterUnavailable when the llm policy's endpoint does not answer."""
-    unknown = set(settings) - {field.name for field in fields(RunConfig)}
-    if unknown:
-        raise TypeError(f"unknown settings: {', '.join(sorted(unknown))}")
-    config = replace(config or RunConfig(), **settings)
-    if config.policy not in ("llm", "scripted"):
-        raise ValueError(f"policy must be 'llm' or 'scripted', not {config.policy!r}")
+    config = configure(config, **settings)
     started = time.monotonic()
-    client = _client(config) if config.policy == "llm" else None
-    database = Database.generate(config.seed, users=config.users)
-    tasks = make_tasks(database, config.conversations, config.seed)
-    run_id = config.run_id or uuid.uuid4().hex[:8]
-    request_attributes = _request_attributes(config)
-    telemetry = Telemetry(config.collector or None, config.service_name)
-
-    def policy_for(index: int) -> Policy:
-        if client is not None:
-            return LLMPolicy(client, config.model, config.max_tokens, config.temperature)
-        flaws = random.Random(f"flaws-{config.seed}-{index}")
-        skip_confirmation = flaws.random() < config.skip_confirmation
-        skip_read = flaws.random() < config.skip_read
-        return ScriptedPolicy(random.Random(f"calls-{config.seed}-{index}"), skip_confirmation, skip_read)
+    session = Session(config)
+    batch = session.batch(config.seed)
 
     def one(index: int) -> Outcome:
-        conversation = Conversation(
-            tasks[index], database, policy_for(index), telemetry, f"airline-{run_id}-{index:04d}",
-            random.Random(f"conversation-{config.seed}-{index}"), request_attributes,
-        )  # fmt: skip
-        outcome = conversation.run(config.max_turns)
+        outcome = session.run(batch, index)
         if on_outcome is not None:
             on_outcome(outcome)
         return outcome
@@ -153,15 +194,15 @@ def run_conversations(
     try:
         with ThreadPoolExecutor(max(1, config.concurrency), thread_name_prefix="airline") as pool:
             futures = []
-            for index in range(len(tasks)):
+            for index in range(len(batch.tasks)):
                 if config.rate > 0:
                     time.sleep(max(0.0, started + index / config.rate - time.monotonic()))
                 futures.append(pool.submit(one, index))
             outcomes.extend(future.result() for future in futures)
     finally:
-        telemetry.shutdown()
+        session.close()
     outcomes.seconds = time.monotonic() - started
-    outcomes.exported_spans = telemetry.exported_spans
-    outcomes.failed_spans = telemetry.failed_spans
+    outcomes.exported_spans = session.telemetry.exported_spans
+    outcomes.failed_spans = session.telemetry.failed_spans
     outcomes.config = config
     return outcomes
