@@ -294,6 +294,7 @@ class Daemon:
         for thread in woken:
             thread.join()
         self.writer.stop()
+        self.router_admin.close()
         for sock in sockets:
             sock.close()
         self.store.close()

@@ -33,5 +33,5 @@ def routing(daemon: CurrentDaemon, window_s: float = Query(3600, gt=0, le=90 * 8
     ]  # fmt: skip
     return {
         "router": table, "router_error": error, "adapters": judged, "gate": gate,
-        **served(daemon.store, window_s), "latency": routing_latency(f"{daemon.router_admin.base_url}/metrics"),
+        **served(daemon.store, window_s), "latency": routing_latency(daemon.router_admin.metrics()),
     }  # fmt: skip
