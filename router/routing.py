@@ -62,8 +62,12 @@ class LiveAdapter:
     loaded_at: float
     in_flight: int = 0
     retiring: bool = False
-    canary: float | None = None  # a canary's share of its capability's traffic
-    split: Split | None = field(default=None, repr=False)  # … and which conversations take it
+    split: Split | None = field(default=None, repr=False)  # a canary's: which conversations it takes
+
+    @property
+    def canary(self) -> float | None:
+        """A canary's share of its capability's traffic."""
+        return self.split.share if self.split is not None else None
 
     @property
     def role(self) -> str:
@@ -215,7 +219,7 @@ class RoutingTable:
         current, canary = self.current.get(capability), self.canaries.get(capability)
         arm = None
         if canary is not None:
-            arm = self.adapters[canary].split.arm(unit)  # type: ignore[union-attr]
+            arm = self.adapters[canary].split.arm(unit)  # type: ignore[union-attr]  # under the table lock
             current = canary if arm == "canary" else current
         lease = self._hold(reason, [current] if current else [])
         lease.capability, lease.arm = capability, arm
@@ -271,7 +275,7 @@ class RoutingTable:
                 raise
             with self._lock:
                 self.adapters[name] = LiveAdapter(
-                    name, capability, version, description or capability.replace("_", " "), str(path), time.time(), canary=canary,
+                    name, capability, version, description or capability.replace("_", " "), str(path), time.time(),
                     split=Split(canary) if canary is not None else None,
                 )
                 replaced = [self.canaries.pop(capability, None)]
@@ -304,7 +308,7 @@ class RoutingTable:
                 del self.canaries[adapter.capability]
                 previous = self.current.get(adapter.capability)
                 self.current[adapter.capability] = name
-                adapter.canary, adapter.split = None, None
+                adapter.split = None
                 retired = self._retire(previous) if previous else None
                 description = adapter.describe()
             metrics.SWAPS.labels("promoted").inc()

@@ -18,56 +18,56 @@ with it) may continue on the other arm, and the canary's outcomes then count it 
 from __future__ import annotations
 
 import random
-import threading
 from collections import OrderedDict
 
 MAX_BLOCK = 20
 MEMORY = 65_536  # conversations remembered per canary: far more than are in flight at once
 
 
+def _whole(places: float) -> bool:
+    return abs(places - round(places)) < 1e-9
+
+
 def block_size(share: float) -> int:
     """The smallest block that holds `share` exactly, else `MAX_BLOCK`."""
-    for size in range(2, MAX_BLOCK + 1):
-        if abs(share * size - round(share * size)) < 1e-9:
-            return size
-    return MAX_BLOCK
+    return next((size for size in range(2, MAX_BLOCK + 1) if _whole(share * size)), MAX_BLOCK)
 
 
 class Split:
-    """The arms of one canary taking `share` of its capability's conversations."""
+    """The arms of one canary taking `share` of its capability's conversations. Not locked: its
+    owner (the routing table, under its lock) serialises the calls."""
 
     def __init__(self, share: float, rng: random.Random | None = None, memory: int = MEMORY) -> None:
         if not 0 < share < 1:
             raise ValueError(f"a canary's share is strictly between 0 and 1, not {share}")
         self.share = share
         self.size = block_size(share)
+        self._places = share * self.size  # the canary's places in a block, whole unless size is MAX_BLOCK
         self._rng = rng or random.Random()
         self._memory = memory
         self._arms: OrderedDict[str, str] = OrderedDict()
         self._block: list[str] = []
-        self._lock = threading.Lock()
         self.assigned = {"canary": 0, "control": 0}
 
     def arm(self, unit: str | None) -> str:
         """"canary" or "control" for the conversation `unit` names (None: a request with no unit,
         given the next place of the block and not remembered)."""
-        with self._lock:
-            if unit is not None and unit in self._arms:
-                self._arms.move_to_end(unit)
-                return self._arms[unit]
-            if not self._block:
-                self._block = self._next_block()
-            arm = self._block.pop()
-            self.assigned[arm] += 1
-            if unit is not None:
-                self._arms[unit] = arm
-                if len(self._arms) > self._memory:
-                    self._arms.popitem(last=False)
-            return arm
+        if unit is not None and unit in self._arms:
+            self._arms.move_to_end(unit)
+            return self._arms[unit]
+        if not self._block:
+            self._block = self._next_block()
+        arm = self._block.pop()
+        self.assigned[arm] += 1
+        if unit is not None:
+            self._arms[unit] = arm
+            if len(self._arms) > self._memory:
+                self._arms.popitem(last=False)
+        return arm
 
     def _next_block(self) -> list[str]:
-        places = self.share * self.size
-        canary = round(places) if self.size < MAX_BLOCK or abs(places - round(places)) < 1e-9 else int(places + self._rng.random())
+        places = self._places
+        canary = round(places) if _whole(places) else int(places + self._rng.random())
         block = ["canary"] * canary + ["control"] * (self.size - canary)
         self._rng.shuffle(block)
         return block

@@ -206,10 +206,11 @@ class Stream:
         with self._lock:
             number, self._number = self._number, self._number + 1
             batch_number, index = divmod(number, self.config.conversations)
-            if index == 0 or self._batch is None:
+            if index == 0:
                 self._batch = session.batch(self.seed_of(batch_number))
             batch, now = self._batch, time.monotonic()
-            start, self._next_start = max(now, self._next_start), max(now, self._next_start) + (1 / self.config.rate if self.config.rate > 0 else 0)
+            start = max(now, self._next_start)
+            self._next_start = start + (1 / self.config.rate if self.config.rate > 0 else 0)
         if stopping.wait(start - now):
             return None
         return batch, index, number

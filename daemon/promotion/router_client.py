@@ -27,7 +27,6 @@ class RouterAdmin:
         self.base_url = f"http://{host}:{router.port}"
         self.token_path = settings.data_dir / ROUTER_TOKEN_FILE
         self.configured = router.token
-        self.timeout_s = timeout_s
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s)
 
     def _call(self, method: str, path: str, **kwargs: object) -> httpx.Response:
