@@ -272,13 +272,14 @@ class EmbeddedBackend:
         threads: int = 0,
         prefix_cache_mib: int = 1024,
         continuous: bool = True,
+        dtype: str = "float32",
     ) -> None:
         import torch
 
         if threads:
             torch.set_num_threads(threads)
         self.model_dir = models.resolve(model, Path(cache_dir))
-        self.model, self.tokenizer = models.load(str(self.model_dir), Path(cache_dir))
+        self.model, self.tokenizer = models.load(str(self.model_dir), Path(cache_dir), dtype)
         self.base_hash = adapters.base_model_hash(self.model_dir)
         self.max_batch = max_batch
         # Joining and leaving a running batch moves its cache's columns, which a sliding-window
@@ -309,7 +310,7 @@ class EmbeddedBackend:
         router = settings.router
         return cls(
             settings.model.name, cache_dir, router.max_batch, router.max_context_tokens, settings.model.threads,
-            router.prefix_cache_mib, router.continuous_batching,
+            router.prefix_cache_mib, router.continuous_batching, settings.model.dtype,
         )  # fmt: skip
 
     @property

@@ -98,15 +98,18 @@ def training_device(preference: str) -> str:
     return "cpu"
 
 
-def load(model: str, cache_dir: Path) -> tuple[Any, Any]:
-    """(model, tokenizer), on the CPU in float32, in eval mode."""
+def load(model: str, cache_dir: Path, dtype: str = "float32") -> tuple[Any, Any]:
+    """(model, tokenizer), on the CPU in eval mode, its weights in ``dtype`` (a ``[model] dtype``
+    setting: "auto" is bfloat16 where the CPU multiplies it natively, ``trainer.precision``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer import precision
 
     path = resolve(model, cache_dir)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    network = AutoModelForCausalLM.from_pretrained(path)
+    network = AutoModelForCausalLM.from_pretrained(path, dtype=precision.torch_dtype(precision.resolve(dtype, "cpu")))
     network.eval()
     return network, tokenizer
 

@@ -33,6 +33,7 @@ from typing import Any
 from transformers import PrinterCallback, TrainerCallback
 
 from daemon.core.settings import TrainingSettings
+from trainer import precision
 from trainer.environment import Environment
 from trainer.grpo import grpo, latest_checkpoint, lora_state, validation_rank
 from trainer.model import training_device
@@ -75,8 +76,9 @@ def load_policy(model_dir: Path, config: TrainingSettings) -> tuple[Any, Any]:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    dtype = getattr(torch, config.dtype)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(training_device(config.device))
+    device = training_device(config.device)
+    dtype = precision.torch_dtype(precision.resolve(config.dtype, device))
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
     return get_peft_model(base, lora_config(config)), tokenizer
 
 
@@ -112,7 +114,9 @@ def supervised(
         save_strategy="no",
         report_to=[],
         use_cpu=next(model.parameters()).device.type == "cpu",
-        bf16=config.dtype == "bfloat16",
+        # No autocast: a bfloat16 base runs its products in bfloat16 as loaded, the LoRA weights in float32
+        # (trainer.precision), the same arithmetic as GRPO's own loop.
+        bf16=False,
         seed=config.seed,
         max_length=config.max_length,
         dataloader_num_workers=0,

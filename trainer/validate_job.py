@@ -50,7 +50,7 @@ def run_gate(
     started = time.monotonic()
     if model_settings["threads"]:
         torch.set_num_threads(model_settings["threads"])
-    network, tokenizer = models.load(model_settings["name"], Path(model_settings["cache_dir"]))
+    network, tokenizer = models.load(model_settings["name"], Path(model_settings["cache_dir"]), model_settings.get("dtype", "float32"))
     sampling = Sampling(model_settings["max_new_tokens"], temperature=1.0)
     rollouts = 0
 

@@ -251,6 +251,11 @@ class ModelSettings(Section):
     )
     max_new_tokens: int = Field(MAX_NEW_TOKENS, ge=1, description="Most tokens the model writes in one assistant turn of a rollout.")
     threads: int = Field(0, ge=0, description="Torch CPU threads in model subprocesses; 0 = all cores.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Weights and activations of the served and validated base model: 'auto' = bfloat16 where the CPU"
+        " (AMX or AVX-512 BF16) or GPU multiplies it natively, else float32 (docs/training.md).",
+    )
 
 
 class ValidationSettings(Section):
@@ -390,8 +395,11 @@ class TrainingSettings(Section):
     )
     seed: int = Field(0, description="Seed of sampling and initialisation.")
     threads: int = Field(0, ge=0, description="Torch CPU threads of the training subprocess; 0 = [model] threads.")
-    dtype: Literal["float32", "bfloat16"] = Field(
-        "float32", description="Weights and activations while training; bfloat16 on a GPU that has it (docs/training.md)."
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="The frozen base model's weights and activations while training, evaluating and rolling out (LoRA"
+        " weights and optimizer state stay float32): 'auto' = bfloat16 where the CPU (AMX or AVX-512 BF16) or GPU"
+        " multiplies it natively, else float32 (docs/training.md).",
     )
 
     @model_validator(mode="after")
