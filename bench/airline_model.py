@@ -30,4 +30,9 @@ def load(arguments: argparse.Namespace) -> tuple[Any, Any, Environment]:
     model_dir = models.resolve(arguments.model, Path(arguments.cache))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return tokenizer, model, Environment(load_families()[arguments.capability], load_tools(AIRLINE_TOOLS))
+    return tokenizer, model, environment(arguments.capability)
+
+
+def environment(capability: str) -> Environment:
+    """One capability's environment on the example airline agent's tools."""
+    return Environment(load_families()[capability], load_tools(AIRLINE_TOOLS))
