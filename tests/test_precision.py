@@ -173,3 +173,20 @@ def test_the_bench_counts_a_layers_flops_as_by_hand(tiny_model: Path) -> None:
     assert shape.token_flops == sum(2 * module.in_features * module.out_features for module in linears)
     assert shape.linear_flops(10, 3, backward=True) == 2 * (10 * shape.token_flops + 3 * shape.head_flops)
     assert shape.attention_flops(1) == 2 * 4 * 4 * 8  # layers × (scores + values: 2 · 2 FLOPs) × heads × head_dim
+
+
+def test_the_router_refuses_bfloat16_on_a_cpu_without_it_in_one_line(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from daemon.app.cli import main
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda *_: OLDER)
+    config = tmp_path / "tracefix.toml"
+    config.write_text(
+        f'[store]\npath = "{tmp_path / "store.duckdb"}"\n[model]\nname = "{tiny_model}"\ncache_dir = "{tmp_path}"\ndtype = "bfloat16"\n'
+        '[router]\nport = 0\nexport_spans = false\n'
+    )
+    result = CliRunner().invoke(main, ["router", "--config", str(config)])
+    assert result.exit_code == 1
+    assert "Error: dtype = 'bfloat16', but this CPU" in result.output and "set dtype = 'auto' or 'float32'" in result.output
+    assert "Traceback" not in result.output

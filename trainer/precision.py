@@ -12,14 +12,15 @@ would be emulated, slower than float32, so ``auto`` keeps float32 there and an e
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-Dtype = Literal["auto", "float32", "bfloat16"]
+from trainer.model import ModelUnavailable
+
 BFLOAT16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo's names for the native instructions
 _CPUINFO = Path("/proc/cpuinfo")
 
 
-class UnsupportedDtype(RuntimeError):
+class UnsupportedDtype(ModelUnavailable):
     """The configured dtype cannot run natively on this device; the message says what to set."""
 
 
