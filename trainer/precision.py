@@ -14,13 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from trainer.model import ModelUnavailable
-
 BFLOAT16_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo's names for the native instructions
 _CPUINFO = Path("/proc/cpuinfo")
 
 
-class UnsupportedDtype(ModelUnavailable):
+class UnsupportedDtype(ValueError):
     """The configured dtype cannot run natively on this device; the message says what to set."""
 
 

@@ -25,6 +25,7 @@ from trainer.families import build_environment
 from trainer.jobs import RequestError, allocation_failed, exit_with_parent, limit_memory, write_atomically
 from trainer.jobs import read_request as read_request_keys
 from trainer.model import ModelUnavailable
+from trainer.precision import UnsupportedDtype
 from trainer.rollouts import Sampling, play_in_batches
 from trainer.validation import HintedInstance, validate
 
@@ -102,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         environment = build_environment(request)
         report = run_gate(environment.family, environment.tools, request["model"], request["gate"], environment.difficulty)
         write_atomically(arguments.report, report)
-    except (RequestError, ModelUnavailable) as error:
+    except (RequestError, ModelUnavailable, UnsupportedDtype) as error:
         reason = str(error)
     except Exception as error:
         # Under RLIMIT_AS an allocation raises MemoryError (torch's a RuntimeError: allocation_failed),

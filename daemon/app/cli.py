@@ -74,12 +74,13 @@ def router_(config_path: Path | None) -> None:
     from router.routing import RoutingError
     from router.server import serve
     from trainer.model import ModelUnavailable
+    from trainer.precision import UnsupportedDtype
 
     settings = _settings(config_path)
     _log_to_stderr()
     try:
         serve(settings)
-    except (ConfigError, RoutingError, ModelUnavailable, OSError) as error:
+    except (ConfigError, RoutingError, ModelUnavailable, UnsupportedDtype, OSError) as error:
         raise click.ClickException(str(error)) from None
 
 
@@ -561,6 +562,7 @@ def envs_validate(
 ) -> None:  # fmt: skip
     """The validation gate, in the foreground: can the base model's rewards on this environment teach?"""
     from trainer.model import ModelUnavailable
+    from trainer.precision import UnsupportedDtype
     from trainer.validate_job import run_gate
 
     settings = _settings(config_path)
@@ -573,7 +575,7 @@ def envs_validate(
     gate["group_size"] = group_size or gate["group_size"]
     try:
         report = run_gate(environment.family, environment.tools, model, gate, environment.difficulty)
-    except ModelUnavailable as error:
+    except (ModelUnavailable, UnsupportedDtype) as error:
         raise click.ClickException(str(error)) from None
     if as_json:
         _print_json(report)
