@@ -43,8 +43,8 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -285,16 +285,9 @@ def router(model_name: str, cache: Path, dtype: str, threads: int, streams: list
                 for count in streams:
                     times, tokens = [], []
                     for repeat in range(repeats):
-                        done: list[int] = [0] * count
                         started = time.perf_counter()
-                        workers = [
-                            threading.Thread(target=lambda i=i: done.__setitem__(i, _complete(client, 1000 * repeat + i, max_tokens)))
-                            for i in range(count)
-                        ]  # fmt: skip
-                        for worker in workers:
-                            worker.start()
-                        for worker in workers:
-                            worker.join()
+                        with ThreadPoolExecutor(count) as pool:
+                            done = list(pool.map(lambda seed: _complete(client, seed, max_tokens), range(1000 * repeat, 1000 * repeat + count)))
                         times.append(time.perf_counter() - started)
                         tokens.append(sum(done))
                     results[f"router_{count}"] = {
