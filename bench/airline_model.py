@@ -36,3 +36,19 @@ def load(arguments: argparse.Namespace) -> tuple[Any, Any, Environment]:
 def environment(capability: str) -> Environment:
     """One capability's environment on the example airline agent's tools."""
     return Environment(load_families()[capability], load_tools(AIRLINE_TOOLS))
+
+
+def collate(rows: list[tuple[list[int], list[int]]]) -> tuple[Any, Any, Any]:
+    """Right-padded ids, attention mask and labels (−100 off the policy's tokens) of (token ids,
+    policy mask) rows, as the trainer collates a warm-start batch."""
+    import torch
+
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    labels = torch.full((len(rows), width), -100)
+    for row, (tokens, policy) in enumerate(rows):
+        ids[row, : len(tokens)] = torch.tensor(tokens)
+        mask[row, : len(tokens)] = 1
+        labels[row, : len(tokens)] = torch.tensor([token if keep else -100 for token, keep in zip(tokens, policy, strict=True)])
+    return ids, mask, labels

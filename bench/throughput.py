@@ -132,25 +132,11 @@ def peak(shape: ModelShape, dtype: Any, tokens: int, repeats: int) -> dict[str, 
     return {"gflops": round(statistics.median(rates) / 1e9, 1), "rounds": [round(rate / 1e9, 1) for rate in rates], "rows": tokens}
 
 
-def _batch(rows: list[tuple[list[int], list[int]]]) -> tuple[Any, Any, Any]:
-    """Right-padded ids, attention mask and labels (−100 off the policy's tokens), as the trainer collates."""
-    import torch
-
-    width = max(len(ids) for ids, _ in rows)
-    ids = torch.zeros((len(rows), width), dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    labels = torch.full((len(rows), width), -100)
-    for row, (tokens, policy) in enumerate(rows):
-        ids[row, : len(tokens)] = torch.tensor(tokens)
-        mask[row, : len(tokens)] = 1
-        labels[row, : len(tokens)] = torch.tensor([token if keep else -100 for token, keep in zip(tokens, policy, strict=True)])
-    return ids, mask, labels
-
-
 def warm_start(model: Any, tokenizer: Any, environment: Any, config: Any, shape: ModelShape, repeats: int) -> dict[str, Any]:
     """Warm-start updates on new demonstrations each, the first a warm-up."""
     import torch
 
+    from bench.airline_model import collate
     from trainer.rollouts import demonstration
     from trainer.shared_prefix import MIN_PREFIX, shared_prefix_length, shared_prefix_loss
 
@@ -161,7 +147,7 @@ def warm_start(model: Any, tokenizer: Any, environment: Any, config: Any, shape:
     for repeat in range(repeats + 1):
         seeds = range(first + repeat * size, first + (repeat + 1) * size)
         rows = [demonstration(tokenizer, environment.instance(seed), config.max_length).sequence() for seed in seeds]
-        ids, mask, labels = _batch(rows)
+        ids, mask, labels = collate(rows)
         prefix = shared_prefix_length(ids, mask, labels)
         prefix = prefix if prefix >= MIN_PREFIX and size > 1 else 0
         lengths = [len(row_ids) for row_ids, _ in rows]

@@ -48,17 +48,7 @@ def main() -> None:
     model.train()
 
     def batch(seeds: range) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        demos = [demonstration(tokenizer, environment.instance(seed)) for seed in seeds]
-        rows = [demo.sequence() for demo in demos]
-        width = max(len(ids) for ids, _ in rows)
-        ids = torch.zeros((len(rows), width), dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        labels = torch.full((len(rows), width), -100)
-        for row, (tokens, policy) in enumerate(rows):
-            ids[row, : len(tokens)] = torch.tensor(tokens)
-            mask[row, : len(tokens)] = 1
-            labels[row, : len(tokens)] = torch.tensor([token if keep else -100 for token, keep in zip(tokens, policy, strict=True)])
-        return ids, mask, labels
+        return airline_model.collate([demonstration(tokenizer, environment.instance(seed)).sequence() for seed in seeds])
 
     print(f"{arguments.capability} on the airline tools, {arguments.model}, {arguments.threads} threads, {arguments.repeats} repeats")
     print(
