@@ -21,7 +21,8 @@ from typing import Any
 
 import orjson
 
-from trainer.result_shapes import conformance, dress
+from trainer.result_shapes import conformance
+from trainer.world import World
 
 Message = dict[str, Any]
 Policy = Callable[[list[Message]], Message]
@@ -215,6 +216,8 @@ class Instance(ABC):
         self.random = random.Random(seed)
         self.events: list[str] = []  # observable events: parse errors, schema violations, …
         self.shaped: list[tuple[str, float, float]] = []  # (tool, fit before, fit after) of each dressed result
+        # The entities its results talk about and their facts: every result goes through it (`_dress`).
+        self.entities = World(seed)
 
     @abstractmethod
     def reset(self) -> list[Message]:
@@ -240,17 +243,23 @@ class Instance(ABC):
         return None
 
     def _dress(self, call: ToolCall, result: Any) -> Any:
-        """A simulated result in the shape the agent's own tool returns (when that was learned): the
-        simulation's fields kept, the tool's other fields added, seeded by the call. Each dressed
-        result's fit to the shape, before and after, is kept in ``shaped``."""
+        """A simulated result as the instance's world shows it (`World.present`): each entity with
+        the same facts as in every other result, in the shape the agent's own tool returns when that
+        was learned (the simulation's fields kept, the tool's other fields added, seeded by the
+        call). Each dressed result's fit to the shape, before and after, is kept in ``shaped``."""
         tool = next((tool for tool in self.tools if tool.name == call.name), None)
-        if tool is None or tool.result_shape is None:
+        if tool is None:
             return result
-        rng = random.Random(orjson.dumps([self.seed, call.name, call.arguments], option=orjson.OPT_SORT_KEYS, default=str))
-        dressed = dress(tool.result_shape, result, rng, call.arguments if isinstance(call.arguments, dict) else None)
-        if dressed is not result:
-            self.shaped.append((call.name, conformance(tool.result_shape, result), conformance(tool.result_shape, dressed)))
-        return dressed
+        shown = self.present(tool, call.arguments, result)
+        shape = tool.result_shape
+        if shape is not None and shape.get("type") == "object" and isinstance(result, dict) and "error" not in result:
+            self.shaped.append((tool.name, conformance(shape, result), conformance(shape, shown)))
+        return shown
+
+    def present(self, tool: Tool, arguments: Any, result: Any) -> Any:
+        """`result` of a call of `tool` with `arguments` as the instance's world shows it (`World.present`), seeded by the call."""
+        rng = random.Random(orjson.dumps([self.seed, tool.name, arguments], option=orjson.OPT_SORT_KEYS, default=str))
+        return self.entities.present(tool, arguments if isinstance(arguments, dict) else {}, result, rng)
 
 
 class DialogueInstance(Instance):
@@ -268,6 +277,7 @@ class DialogueInstance(Instance):
         """Build the episode's world; called by reset."""
 
     def reset(self) -> list[Message]:
+        self.entities.rewind()
         self._start()
         return [
             {"role": "system", "content": render_system_prompt(self.instructions, self.tools)},

@@ -179,17 +179,31 @@ def _string(shape: Mapping[str, Any], rng: random.Random) -> str:
     return rng.choice(shape.get("examples") or ["text"])
 
 
-def dress(shape: Mapping[str, Any], result: Any, rng: random.Random, arguments: Mapping[str, Any] | None = None) -> Any:
+def dress(
+    shape: Mapping[str, Any],
+    result: Any,
+    rng: random.Random,
+    arguments: Mapping[str, Any] | None = None,
+    known: Mapping[str, Any] | None = None,
+) -> Any:
     """A simulated result in the agent's own shape: the fields the simulation decided (the task's
-    facts) kept as they are, the learned fields it lacks added as the tool returns them. Lists are
-    added only when the result has none of its own (a search's matches are the simulation's), and
-    anything but an object result (an error, a list, text) is returned as it is."""
+    facts) kept as they are, the learned fields it lacks added as the tool returns them: those in
+    `known` (what the instance's world already holds of the record: a user's name, a reservation's
+    user) with that value, the others drawn. Drawn lists are added only when the result has none of
+    its own (a search's matches are the simulation's), and anything but an object result (an
+    error, a list, text) is returned as it is."""
     if shape.get("type") != "object" or not isinstance(result, dict) or "error" in result:
         return result
-    result = _renamed(shape.get("fields", {}), result)
+    fields = shape.get("fields", {})
+    result = _renamed(fields, result)
     has_list = any(isinstance(value, list) for value in result.values())
     learned = generate(shape, rng, {**(arguments or {}), **{key: value for key, value in result.items() if not isinstance(value, dict | list)}})
-    extra = {key: value for key, value in learned.items() if key not in result and not (has_list and isinstance(value, list))}
+    known = {key: value for key, value in (known or {}).items() if key in fields and key not in result}
+    extra = {
+        key: known[key] if key in known else learned[key]
+        for key in fields
+        if key not in result and (key in known or (key in learned and not (has_list and isinstance(learned[key], list))))
+    }
     return {**result, **extra}
 
 

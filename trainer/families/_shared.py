@@ -97,6 +97,7 @@ class ToolUseInstance(Instance):
         self.done = False
 
     def reset(self) -> list[Message]:
+        self.entities.rewind()
         return [
             {"role": "system", "content": render_system_prompt(self.instructions, self.tools)},
             {"role": "user", "content": self.user_text},

@@ -103,21 +103,21 @@ class ArgumentGroundingInstance(ToolUseInstance):
             raise RuntimeError("could not draw a fresh id")  # pragma: no cover - 90,000 ids per prefix
 
         # The record the first call returns, carrying the needed id.
-        record = values.record(self.first_entity, first_id, extra=2, key=self.first_key)
-        record.update({name: value for name, value in self.gold_first.items() if not isinstance(value, bool)})
+        gold = {name: value for name, value in self.gold_first.items() if not isinstance(value, bool)}
+        record = self.entities.record(self.first_entity, first_id, extra=2, key=self.first_key, facts=gold)
         self.world: dict[str, dict[str, Any]] = {}  # second entity's records by id
         self.selector = ""
         if self.first_key == self.parameter:
             self.style = "own"
             self.target = first_id
-            self.world[first_id] = values.record(self.entity, first_id, key=self.parameter)
+            self.world[first_id] = self.entities.record(self.entity, first_id, key=self.parameter)
         elif difficulty >= 2:
             self.style = "choice"
             items = []
             for _ in range(3):
-                identifier = fresh_id()
-                for _ in range(20):  # attributes that tell the items apart
-                    stored = values.record(self.entity, identifier, key=self.parameter)
+                for _ in range(20):  # attributes that tell the items apart (each entity has its own, drawn once)
+                    identifier = fresh_id()
+                    stored = self.entities.record(self.entity, identifier, key=self.parameter)
                     if all(stored["created"] != item["created"] and stored["amount"] != item["amount"] for item in items):
                         break
                 self.world[identifier] = stored
@@ -134,18 +134,12 @@ class ArgumentGroundingInstance(ToolUseInstance):
         else:
             self.style = rng.choice(("single", "list"))
             self.target = fresh_id()
-            self.world[self.target] = values.record(self.entity, self.target, key=self.parameter)
+            self.world[self.target] = self.entities.record(self.entity, self.target, key=self.parameter)
             if self.style == "single":
                 record[self.parameter] = self.target
             else:
                 record[plural(self.entity)] = [self.target]
-        self.first_record = record
-        if "customer_name" in record:  # the second entity's records belong to the same person
-            for stored in self.world.values():
-                stored["customer_name"] = record["customer_name"]
-            for item in record.get(plural(self.entity), []):
-                if isinstance(item, dict) and "customer_name" in item:
-                    item["customer_name"] = record["customer_name"]
+        self.first_record = record  # the second entity's records belong to its person: the world shows them with that name
 
         # The second call: the grounded id, plus any other required value (stated by the user).
         self.gold_second: dict[str, Any] = {self.parameter: self.target}
@@ -155,6 +149,13 @@ class ArgumentGroundingInstance(ToolUseInstance):
         self.misremembered = fresh_id() if difficulty >= 2 else None
         self.user_text = self._user_text()
         assert self.target not in self.user_text
+        # The solution's answer tells the status the second read shows (none where the agent's records of it have none).
+        status = self.world[self.target].get("status", "on file")
+        if is_read(self.second):
+            self.present(self.first, self.gold_first, copy.deepcopy(self.first_record))
+            status = self.present(self.second, self.gold_second, copy.deepcopy(self.world[self.target])).get("status")
+        noun = phrase(self.entity)
+        self.answer = f"Your {noun} {self.target} is {status}." if isinstance(status, str) else f"I found your {noun} {self.target}."
 
         self.calls: list[tuple[str, Any]] = []
         self.seen = self.user_text  # everything the agent has been shown, to flag invented ids
@@ -245,11 +246,11 @@ class ArgumentGroundingInstance(ToolUseInstance):
             if name == self.parameter and value in self.world:
                 if is_read(tool):
                     return copy.deepcopy(self.world[value])
-                return simulated_result(tool, arguments, self._result_values(index))
+                return simulated_result(tool, arguments, self._result_values(index), self.entities)
             if name == self.first_key and value == self.first_record.get(self.first_key):
                 return copy.deepcopy(self.first_record)
             return self._not_found(entity_of(name), value)
-        return simulated_result(tool, arguments, self._result_values(index))
+        return simulated_result(tool, arguments, self._result_values(index), self.entities)
 
     def _result_values(self, index: int) -> Values:
         return Values(derive_seed("argument_grounding.result", self.seed, self.difficulty, self.turns, index))
@@ -279,11 +280,10 @@ class ArgumentGroundingInstance(ToolUseInstance):
         return rewards["second_call_id_not_grounded"]
 
     def solution(self) -> list[Message]:
-        status = self.world[self.target].get("status", "on file")
         return [
             assistant_call(self.first.name, dict(self.gold_first)),
             assistant_call(self.second.name, dict(self.gold_second)),
-            assistant_text(f"Your {phrase(self.entity)} {self.target} is {status}."),
+            assistant_text(self.answer),
         ]
 
     def hint(self) -> str:

@@ -217,15 +217,24 @@ class ErrorRecoveryInstance(DialogueInstance):
             result["confirmation_code"] = f"CF{values.random.randint(0, 999_999):06d}"
             subject = f"{entity_of(ids[0]).replace('_', ' ')} {plan.expected[ids[0]]}" if ids else "request"
             self.closing = f"All done: {self.tool.name} went through for your {subject} (status: {result['status']})."
-        elif ids:
-            result = values.record(entity_of(ids[0]), plan.expected[ids[0]], extra=4, key=ids[0], statuses=SETTLED_STATUSES)
-            result.update({key: value for key, value in plan.expected.items() if key != ids[0]})
-            self.closing = f"Here is what I found for {plan.expected[ids[0]]}: status {result['status']}, amount {result['amount']:.2f}."
+        elif ids:  # the closing tells what the result shows (a made-up field the agent's records lack is not shown)
+            key = ids[0]
+            result = self.entities.record(
+                entity_of(key), plan.expected[key], extra=4, key=key, statuses=SETTLED_STATUSES, facts=plan.expected
+            )
+            presented = self.present(self.tool, plan.expected, result)
+            details = [
+                f"{name} {value:.2f}" if isinstance(value, float) else f"{name} {value}"
+                for name in ("status", "amount")
+                if (value := presented.get(name)) is not None
+            ]
+            self.closing = f"Here is what I found for {plan.expected[ids[0]]}{': ' if details else ''}{', '.join(details)}."
         elif any(_is_email(key, props.get(key, {})) for key in plan.expected):  # a profile found by email
             noun = self.tool.name.split("_", 1)[-1].rstrip("s") or "item"
-            result = values.record(noun, values.identifier(f"{noun}_id"), extra=4, statuses=SETTLED_STATUSES)
-            result.update(plan.expected)
-            self.closing = f"I found the {noun.replace('_', ' ')} {result[f'{noun}_id']} ({result['customer_name']})."
+            result = self.entities.record(noun, values.identifier(f"{noun}_id"), extra=4, statuses=SETTLED_STATUSES, facts=plan.expected)
+            presented = self.present(self.tool, plan.expected, result)
+            holder = f" ({presented['customer_name']})" if "customer_name" in presented else ""
+            self.closing = f"I found the {noun.replace('_', ' ')} {result[f'{noun}_id']}{holder}."
         else:
             noun = self.tool.name.split("_", 1)[-1].rstrip("s") or "item"
             results = _listing(values, noun, plan.expected, 2)
@@ -337,9 +346,8 @@ class ErrorRecoveryInstance(DialogueInstance):
         if is_write(tool):
             return {"status": PAST.get(tool.name.split("_")[0], "done"), **arguments}
         if ids:
-            record = values.record(entity_of(ids[0]), arguments[ids[0]], extra=4, key=ids[0], statuses=SETTLED_STATUSES)
-            record.update({key: value for key, value in arguments.items() if key != ids[0]})
-            return record
+            key = ids[0]
+            return self.entities.record(entity_of(key), arguments[key], extra=4, key=key, statuses=SETTLED_STATUSES, facts=arguments)
         noun = tool.name.split("_", 1)[-1].rstrip("s") or "item"
         return {"results": _listing(values, noun, arguments, 1)}
 

@@ -261,19 +261,18 @@ class MultiStepCompletionInstance(AnsweringInstance):
             result["status"] = past_tense(tool_verb(tool))
             result["confirmation"] = self._code("CNF")
             return result
-        if key is not None:
-            result = self.values.record(entity_of(key), arguments[key], extra=3, key=key)
-        else:
-            result = self.values.record(noun, self.values.identifier(f"{noun}_id"), extra=3)
-        for name, value in arguments.items():
-            if name in result and name != key:
-                result[name] = value
+        facts: dict[str, Any] = {}  # what the next step needs, or the final read's reference code
         if index + 1 < len(links):
-            following = links[index + 1]
-            for name in following.fresh:
-                result[name] = arguments_of[index + 1][name]
+            facts.update({name: arguments_of[index + 1][name] for name in links[index + 1].fresh})
         else:
-            result["reference"] = self._code("REF")
+            facts["reference"] = self._code("REF")
+        if key is not None:
+            result = self.entities.record(entity_of(key), arguments[key], extra=3, key=key, facts=facts)
+        else:
+            result = self.entities.record(noun, self.values.identifier(f"{noun}_id"), extra=3, facts=facts)
+        for name, value in arguments.items():
+            if name in result and name != key and name not in facts:
+                result[name] = value
         return result
 
     def _request(self) -> str:
@@ -331,9 +330,9 @@ class MultiStepCompletionInstance(AnsweringInstance):
         values = Values(derive_seed("multi_step_completion.read", self.seed, self.difficulty, self.turns, index))
         keys = key_parameters(tool)
         if keys:
-            return values.record(entity_of(keys[0]), arguments[keys[0]], extra=3, key=keys[0])
+            return self.entities.record(entity_of(keys[0]), arguments[keys[0]], extra=3, key=keys[0])
         noun = tool_noun(tool).replace(" ", "_")
-        return {"results": [values.record(noun, values.identifier(f"{noun}_id"), extra=2)]}
+        return {"results": [self.entities.record(noun, values.identifier(f"{noun}_id"), extra=2)]}
 
     def _tool_result(self, call: ToolCall, index: int) -> Any:
         """The backend's answer, after noting a third identical call in a row (a loop)."""

@@ -158,7 +158,7 @@ class PreconditionVerificationInstance(DialogueInstance):
         self.verb = self.write.name.split("_")[0]
 
         # the stored record, and (difficulty 2) the precondition it reveals
-        record = values.record(self.entity, self.identifier, extra=4, key=self.id_param, statuses=SETTLED_STATUSES)
+        record = self.entities.record(self.entity, self.identifier, extra=4, key=self.id_param, statuses=SETTLED_STATUSES)
         amount = self.expected.get("amount")
         if isinstance(amount, (int, float)) and not isinstance(amount, bool):
             record["amount"] = round(float(amount) + values.random.uniform(0, 200), 2)  # a refund fits the order
@@ -202,6 +202,7 @@ class PreconditionVerificationInstance(DialogueInstance):
             for index in range(values.random.randint(1, 3))
         ]  # fmt: skip
         self.status_after = PAST.get(self.verb, "done")
+        self._start()
 
         details = _details(self.expected, self.id_param)
         opener = rng.choice(["Hi, I'd like you to {action}.", "Hello, can you please {action}?", "Please {action}."])
@@ -212,12 +213,14 @@ class PreconditionVerificationInstance(DialogueInstance):
         self.neutral_texts = list(_NEUTRAL)
         entity_words = self.entity.replace("_", " ")
         with_details = f" with {details}" if details else ""
+        # the status is quoted where the read shows one (a made-up field the agent's records lack is not shown)
+        shown = self.present(self.read_tool, {self.id_param: self.identifier}, self._stored(self.read_tool))
+        status = f" (status: {shown['status']})" if "status" in shown else ""
         self.confirmation = (
-            f"I found your {entity_words} {self.identifier} (status: {record['status']}). {notice}"
+            f"I found your {entity_words} {self.identifier}{status}. {notice}"
             f"Shall I go ahead and {_action(self.write, self.entity, self.identifier, 'your')}{with_details}? Please confirm."
         )
         self.closing = f"All done: I have {_action(self.write, self.entity, self.identifier, 'your', past=True)}."
-        self._start()
 
     # -- episode state -----------------------------------------------------------------------------
 
@@ -272,21 +275,25 @@ class PreconditionVerificationInstance(DialogueInstance):
             return error_result(f"{entity_of(unknown[0]).replace('_', ' ')} {shown(unknown[1])} not found", "not_found")
         if self.id_param in arguments:
             self.read_done = True
-            record = dict(self.record)
-            if self.first_write is not None and self.first_write.correct:
-                record["status"] = self.status_after
-            if "item" in tool.name:
-                record["items"] = [dict(item) for item in self.items]
-            return record
+            return self._stored(tool)
         # an unrelated read (a search, a profile by email…): a plausible answer that reveals nothing
         values = Values(derive_seed(self.seed, tool.name, orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)))
         noun = tool.name.split("_", 1)[-1].rstrip("s") or "item"
         results = []
         for _ in range(values.random.randint(1, 3)):
-            item = values.record(noun, values.identifier(f"{noun}_id"), extra=4, statuses=SETTLED_STATUSES)
+            item = self.entities.record(noun, values.identifier(f"{noun}_id"), extra=4, statuses=SETTLED_STATUSES)
             item.update({key: value for key, value in arguments.items() if not isinstance(value, (dict, list))})
             results.append(item)
         return {"results": results}
+
+    def _stored(self, tool: Tool) -> dict[str, Any]:
+        """The stored record as `tool` reads it: changed by a correct write, with the order's lines for an item-listing read."""
+        record = dict(self.record)
+        if self.first_write is not None and self.first_write.correct:
+            record["status"] = self.status_after
+        if "item" in tool.name:
+            record["items"] = [dict(item) for item in self.items]
+        return record
 
     def _write(self, tool: Tool, arguments: dict[str, Any]) -> dict[str, Any]:
         unknown = unknown_id(tool, arguments, self.known_ids)

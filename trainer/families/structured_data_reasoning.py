@@ -295,7 +295,7 @@ class StructuredDataReasoningInstance(AnsweringInstance):
         values = Values(derive_seed("structured_data_reasoning.read", self.seed, self.difficulty, call.name, self.turns))
         keys = key_parameters(tool)
         if keys:
-            return values.record(entity_of(keys[0]), arguments[keys[0]], extra=2, key=keys[0])
+            return self.entities.record(entity_of(keys[0]), arguments[keys[0]], extra=2, key=keys[0])
         return {"results": []}
 
     def stated(self) -> list[Decimal]:

@@ -33,7 +33,7 @@ import orjson
 from trainer.environment import Family, Message, ParsedTurn, Tool, ToolCall, assistant_call, assistant_text
 from trainer.families._shared import ToolUseInstance, and_join, phrase, singular, spoken
 from trainer.simulation import derive_seed, same, schema_error
-from trainer.world import Values, entity_of, id_parameters, is_read, properties, required
+from trainer.world import Values, World, entity_of, id_parameters, is_read, properties, required
 
 LOOKUP_SHARE = 0.5  # share of the seeds that hold values back behind a read, where the tools allow it
 
@@ -54,21 +54,20 @@ def call_attempts(parsed: ParsedTurn) -> int:
     return len(parsed.calls) + max(0, len(parsed.errors) - attached)
 
 
-def simulated_result(tool: Tool, arguments: dict[str, Any], values: Values) -> dict[str, Any]:
-    """What a declared tool plausibly returns for schema-valid arguments."""
+def simulated_result(tool: Tool, arguments: dict[str, Any], values: Values, world: World) -> dict[str, Any]:
+    """What a declared tool plausibly returns for schema-valid arguments (the records it names as `world` holds them)."""
     ids = [name for name in id_parameters(tool) if isinstance(arguments.get(name), str)]
     if not is_read(tool):
         result: dict[str, Any] = {"status": "success", "confirmation": values.identifier("confirmation_code")}
         result.update(arguments)
         return result
     if ids:
-        record = values.record(entity_of(ids[0]), arguments[ids[0]], key=ids[0])
-        record.update({name: value for name, value in arguments.items() if isinstance(value, str)})
-        return record
+        stated = {name: value for name, value in arguments.items() if isinstance(value, str)}
+        return world.record(entity_of(ids[0]), arguments[ids[0]], key=ids[0], facts=stated)
     entity = tool_entity(tool)
     results = []
     for _ in range(2):
-        record = values.record(entity, values.identifier(f"{entity}_id"), extra=0)
+        record = world.record(entity, values.identifier(f"{entity}_id"), extra=0)
         record.update({name: value for name, value in arguments.items() if isinstance(value, str)})
         record["price"] = round(values.random.uniform(20, 900), 2)
         results.append(record)
@@ -206,9 +205,12 @@ class ToolCallPrecisionInstance(ToolUseInstance):
         # Reads taking the same ids (``find_order`` and ``list_order_items`` by order number) serve as well.
         self.reads = [read for read in reads if set(required(read)) <= set(self.lookup_gold)]
         key = required(lookup)[0]
-        self.record = self.values.record(entity_of(key), self.lookup_gold[key], extra=2, key=key)
-        self.record.update(self.lookup_gold)
-        self.record.update({name: self.gold[name] for name in self.held})
+        facts = dict(self.lookup_gold)
+        if is_read(self.target):  # what the customer says of themselves is what their record says (a write's values are new ones)
+            fields = (lookup.result_shape or {}).get("fields") or {}
+            facts.update({name: value for name, value in self.gold.items() if name in fields and name not in self.held})
+        facts.update({name: self.gold[name] for name in self.held})
+        self.record = self.entities.record(entity_of(key), self.lookup_gold[key], extra=2, key=key, facts=facts)
         stated = dict(self.lookup_gold)
         stated.update({name: value for name, value in self.gold.items() if name not in self.held})
         return stated
@@ -273,7 +275,7 @@ class ToolCallPrecisionInstance(ToolUseInstance):
         if call.name != self.target.name and all(call.name != read.name for read in self.reads):
             self.events.append(f"wrong_tool: {call.name}")
         values = Values(derive_seed("tool_call_precision.result", self.seed, self.difficulty, self.turns, index))
-        return simulated_result(tool, call.arguments, values)
+        return simulated_result(tool, call.arguments, values, self.entities)
 
     def reward(self) -> float:
         rewards = ToolCallPrecisionFamily.rewards
