@@ -1,0 +1,216 @@
+"""Next-action evaluation (trainer/next_action.py): a produced turn against the reference's, the
+report's counts and intervals, the prompts of long prefixes, and base vs adapter on a tiny real
+model, the base scored with the adapter disabled."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainer.environment import Message, assistant_call, assistant_text
+from trainer.next_action import ActionMatch, fitted, reference_turns, same_action, score_actions, word_f1
+from trainer.rollouts import ChatTokens, Sampling
+
+SCHEMA = {"type": "object", "properties": {"user_id": {"type": "string"}}, "required": ["user_id"]}
+TOOLS = [{"tool_name": "get_user", "description": "Look a customer up.", "parameters": json.dumps(SCHEMA)}]
+
+
+def tagged(*calls: str) -> Message:
+    """An assistant turn of raw ``<tool_call>`` blocks, written exactly as given."""
+    return {"role": "assistant", "content": "".join(f"<tool_call>{call}</tool_call>" for call in calls)}
+
+
+def conversation(*turns: tuple[Message, list[Message]]) -> list[Message]:
+    opening = [{"role": "system", "content": "You help customers."}, {"role": "user", "content": "I am U-1, please look me up."}]
+    return opening + [message for assistant, following in turns for message in [assistant, *following]]
+
+
+def test_a_call_with_the_same_arguments_in_another_key_order_matches() -> None:
+    expected = tagged('{"name": "book", "arguments": {"flight": "LH1", "seat": {"row": 3, "side": "aisle"}, "bags": [1, 2]}}')
+    produced = tagged('{"arguments": {"bags": [1, 2.0], "seat": {"side": "aisle", "row": 3}, "flight": "LH1"}, "name": "book"}')
+    assert same_action(produced, expected) == ActionMatch("call", True, True, None)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    ['{"flight": "LH2", "bags": [1, 2]}', '{"flight": "LH1", "bags": [2, 1]}', '{"flight": "LH1"}', '{"flight": "LH1", "bags": [true, 2]}', '"not an object"'],
+    ids=["other value", "array order", "argument missing", "true is not 1", "not an object"],
+)
+def test_a_call_with_other_arguments_matches_the_tool_only(arguments: str) -> None:
+    expected = assistant_call("book", {"flight": "LH1", "bags": [1, 2]})
+    assert same_action(tagged(f'{{"name": "book", "arguments": {arguments}}}'), expected) == ActionMatch("call", False, True, None)
+
+
+def test_a_call_where_the_reference_replied_or_a_reply_where_it_called_matches_nothing() -> None:
+    call = assistant_call("get_user", {"user_id": "U-1"})
+    reply = assistant_text("Found you, Ada.")
+    assert same_action(call, reply) == ActionMatch("answer", False, False, 0.0)
+    assert same_action(reply, call) == ActionMatch("call", False, False, None)
+    # A malformed call is a failed call, not a reply.
+    assert same_action(tagged('{"name": "get_user", "arguments": '), reply).match is False
+
+
+def test_two_calls_in_a_turn_match_only_in_the_same_order() -> None:
+    first, second = '{"name": "get_user", "arguments": {"user_id": "U-1"}}', '{"name": "get_booking", "arguments": {"id": 7}}'
+    expected = tagged(first, second)
+    assert same_action(tagged(first, second), expected) == ActionMatch("call", True, True, None)
+    assert same_action(tagged(second, first), expected) == ActionMatch("call", False, False, None)
+    assert same_action(tagged(first), expected) == ActionMatch("call", False, False, None)
+    assert same_action(tagged(first, '{"name": "get_booking", "arguments": {"id": 8}}'), expected) == ActionMatch("call", False, True, None)
+
+
+def test_a_reply_matches_a_reply_and_its_word_f1_is_kept_beside_the_match() -> None:
+    # words: [the, flight, is, booked] against [your, flight, is, booked]: 3 shared, F1 = 2·3 / (4 + 4)
+    assert same_action(assistant_text("The flight is booked."), assistant_text("Your flight is BOOKED!")) == ActionMatch("answer", True, True, 0.75)
+    assert same_action(assistant_text("Nothing alike."), assistant_text("Goodbye!")) == ActionMatch("answer", True, True, 0.0)
+    assert word_f1("booked booked", "booked") == pytest.approx(2 / 3)  # precision 1/2, recall 1
+    assert word_f1("...", "!") == 1.0 and word_f1("", "Goodbye") == 0.0
+
+
+def test_the_report_counts_turns_kinds_and_whole_conversations_with_wilson_intervals() -> None:
+    call, call_tool_only = ActionMatch("call", True, True), ActionMatch("call", False, True)
+    matches = [
+        [call, call_tool_only, ActionMatch("answer", True, True, 0.5)],
+        [ActionMatch("answer", True, True, 1.0)],
+        [call, None],  # a skipped turn: the conversation counts for no whole-conversation figure
+    ]
+    report = score_actions(matches)
+    assert report["turns"] == 5 and report["skipped"] == 1
+    # Hand-computed Wilson intervals (z = 1.96): 4/5, 5/5, 2/3, 3/3, 2/2, 1/2.
+    expected = {
+        "matched": (4, 5, 0.8, [0.3755, 0.9638]),
+        "tool_matched": (5, 5, 1.0, [0.5655, 1.0]),
+        "call": (2, 3, 0.6667, [0.2077, 0.9385]),
+        "call_tool": (3, 3, 1.0, [0.4385, 1.0]),
+        "answer": (2, 2, 1.0, [0.3424, 1.0]),
+        "conversations": (1, 2, 0.5, [0.0945, 0.9055]),
+    }
+    for key, (hits, total, rate, interval) in expected.items():
+        assert (report[key]["hits"], report[key]["total"], report[key]["rate"]) == (hits, total, rate), key
+        assert report[key]["interval"] == pytest.approx(interval, abs=1e-4), key
+    assert report["mean_answer_f1"] == 0.75
+    empty = score_actions([])
+    assert empty["turns"] == 0 and empty["matched"]["interval"] == [0.0, 1.0] and empty["mean_answer_f1"] is None
+
+
+def test_reference_turns_are_each_agent_turn_after_the_messages_before_it() -> None:
+    messages = conversation(
+        (assistant_call("get_user", {"user_id": "U-1"}), [{"role": "tool", "content": '{"name": "Ada"}'}]),
+        (assistant_text("Found you, Ada."), [{"role": "user", "content": "Thanks, bye."}]),
+        (assistant_text("Goodbye!"), []),
+    )
+    turns = reference_turns(messages)
+    assert [len(prefix) for prefix, _ in turns] == [2, 4, 6]
+    for prefix, expected in turns:
+        assert prefix == messages[: len(prefix)] and expected is messages[len(prefix)] and expected["role"] == "assistant"
+    assert [expected["content"] for _, expected in turns][1:] == ["Found you, Ada.", "Goodbye!"]
+
+
+def test_a_long_prefix_loses_its_oldest_whole_turns_after_the_opening(smollm2_tokenizer: Any) -> None:
+    chat = ChatTokens(smollm2_tokenizer)
+    messages = conversation(
+        (assistant_call("get_user", {"user_id": "U-1"}), [{"role": "tool", "content": '{"name": "Ada", "notes": "' + "long history " * 20 + '"}'}]),
+        (assistant_text("Found you, Ada."), [{"role": "user", "content": "Thanks, bye."}]),
+    )
+    prefix = messages  # the prefix of a third agent turn
+    whole = chat.opening(prefix)
+    assert fitted(chat, prefix, len(whole)) == whole
+    # One token short: the first agent turn and its tool result go, the opening and the rest stay.
+    shorter = fitted(chat, prefix, len(whole) - 1)
+    assert shorter == chat.opening([*prefix[:2], *prefix[4:]])
+    assert "long history" not in smollm2_tokenizer.decode(shorter) and "I am U-1" in smollm2_tokenizer.decode(shorter)
+    assert fitted(chat, prefix, len(chat.opening(prefix[:2])) - 1) is None
+
+
+# -- on a tiny real model ------------------------------------------------------------------------------
+
+SAMPLING = Sampling(max_new_tokens=6, temperature=1.0, max_length=2048)  # greedy whatever the temperature
+
+
+@pytest.fixture(scope="module")
+def tokenizer(wide_tiny_model: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    loaded = AutoTokenizer.from_pretrained(wide_tiny_model)
+    loaded.pad_token = loaded.pad_token or loaded.eos_token
+    loaded.padding_side = "left"
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def plain(wide_tiny_model: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(wide_tiny_model).eval()
+
+
+@pytest.fixture(scope="module")
+def adapted(wide_tiny_model: Path) -> Any:
+    """The same base with a LoRA adapter whose B matrices are seeded noise (a fresh one changes nothing)."""
+    pytest.importorskip("peft")
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from tests.lora_support import TARGETS
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(wide_tiny_model), LoraConfig(r=4, target_modules=TARGETS))
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    return model
+
+
+def _conversations(plain: Any, tokenizer: Any) -> list[list[Message]]:
+    """Two stored conversations, three agent turns: a call, then the replies the plain base model
+    itself writes there, so the base matches them word for word and another model need not."""
+    from router.protocol import stored_prompt_messages
+    from trainer.next_action import written
+
+    call = {"role": "assistant", "content": "", "tool_calls": json.dumps([{"id": "c1", "name": "get_user", "arguments": {"user_id": "U-1"}}])}
+    rows = [
+        [{"role": "system", "content": "You help customers."}, {"role": "user", "content": "I am U-1, please look me up."}, call,
+         {"role": "tool", "content": '{"name": "Ada"}', "tool_call_id": "c1"}],
+        [{"role": "system", "content": "You help customers."}, {"role": "user", "content": "Which bags may I bring?"}],
+    ]  # fmt: skip
+    prefixes = [stored_prompt_messages(messages, TOOLS) for messages in rows]
+    chat = ChatTokens(tokenizer)
+    replies = written(plain, tokenizer, [fitted(chat, prefix, SAMPLING.max_length) for prefix in prefixes], SAMPLING.max_new_tokens)
+    assert all(reply and word_f1(reply, reply) == 1.0 and "<tool_call>" not in reply for reply in replies), replies
+    return [[*prefix, assistant_text(reply or "")] for prefix, reply in zip(prefixes, replies, strict=True)]
+
+
+def test_the_base_is_scored_with_the_adapter_disabled_and_the_adapter_with_it(plain: Any, adapted: Any, tokenizer: Any) -> None:
+    from trainer.next_action import compare_next_actions, next_actions
+
+    conversations = _conversations(plain, tokenizer)
+    adapted.train()
+    report = compare_next_actions(adapted, tokenizer, conversations, SAMPLING, batch=2)
+    assert adapted.training  # the mode it came in
+    base, adapter = report["base"], report["adapter"]
+    assert report["turns"] == base["turns"] == adapter["turns"] == 3 and base["skipped"] == 0
+    assert base["call"]["total"] == 1 and base["answer"]["total"] == 2
+    # The base's report is the plain base model's: it writes the references' replies word for word.
+    assert base == score_actions(next_actions(plain, tokenizer, conversations, SAMPLING))
+    assert base["answer"]["hits"] == 2 and base["mean_answer_f1"] == 1.0
+    # The adapter's noise changes what it writes.
+    assert adapter["mean_answer_f1"] is not None and adapter["mean_answer_f1"] < 1.0
+    difference = report["difference"]
+    assert difference["rate"] == pytest.approx(adapter["matched"]["rate"] - base["matched"]["rate"], abs=1e-3)
+    assert difference["base_only"] - difference["adapter_only"] == base["matched"]["hits"] - adapter["matched"]["hits"]
+    assert difference["interval"][0] <= difference["rate"] <= difference["interval"][1] and 0.0 <= difference["mcnemar_p"] <= 1.0
+
+
+def test_turns_whose_prompt_cannot_fit_are_skipped_and_counted(plain: Any, tokenizer: Any) -> None:
+    from trainer.next_action import next_actions
+
+    conversations = [conversation((assistant_text("Hello."), [{"role": "user", "content": "Bye."}]), (assistant_text("Bye!"), []))]
+    matches = next_actions(plain, tokenizer, conversations, Sampling(max_new_tokens=6, max_length=24))
+    assert matches == [[None, None]]
+    report = score_actions(matches)
+    assert report["turns"] == 0 and report["skipped"] == 2 and report["conversations"]["total"] == 0
