@@ -52,6 +52,12 @@ log = logging.getLogger(__name__)
 PEFT_BASE = "__base__"  # PEFT's name for "no adapter" in a mixed batch
 
 
+def peft_name(name: str) -> str:
+    """The name PEFT holds adapter `name` under: a torch module name has no ".", which a generalist's
+    (``generalist.<agent>@v1``) has; "%" is in no served name, so the mapping is one to one."""
+    return name.replace(".", "%2E")
+
+
 @dataclass(frozen=True, slots=True)
 class Sampling:
     """How one request samples; ``temperature`` 0 is greedy."""
@@ -333,7 +339,7 @@ class EmbeddedBackend:
             self._use_gate(None)
             try:
                 # Verifies again: the weights attached are the ones checked, even if the files changed.
-                self.model = adapters.load_adapter(self.model, directory, name, self.base_hash)
+                self.model = adapters.load_adapter(self.model, directory, peft_name(name), self.base_hash)
             except adapters.AdapterRejected:
                 raise
             except Exception as error:  # PEFT refused the weights (wrong shapes, missing modules)
@@ -355,6 +361,7 @@ class EmbeddedBackend:
     def _discard(self, name: str) -> None:
         from peft import PeftModel
 
+        name = peft_name(name)
         if not isinstance(self.model, PeftModel) or name not in self.model.peft_config:
             return
         if len(self.model.peft_config) == 1:
@@ -485,7 +492,7 @@ class EmbeddedBackend:
 
         if not isinstance(self.model, PeftModel):
             return {}
-        return {"adapter_names": [name or PEFT_BASE for name in adapters_of_rows]}
+        return {"adapter_names": [peft_name(name) if name else PEFT_BASE for name in adapters_of_rows]}
 
     def _forward(self, rows: list[_Row], gate: GateSpec | None, **inputs: Any) -> Any:
         """One forward pass of ``rows`` under the model lock, each with its adapter (or the gate);

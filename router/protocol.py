@@ -15,6 +15,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from daemon.core import generalist
 from router.backend import Sampling, held_back
 from trainer.environment import assistant_call, load_tools, parse_assistant, render_system_prompt
 
@@ -118,8 +119,9 @@ class ChatRequest(Strict):
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     # OpenAI's request metadata: up to 16 string pairs. `conversation_id` names the conversation the
-    # request belongs to (as `gen_ai.conversation.id` does in its spans): it keeps the conversation
-    # on one canary arm and is recorded on the router's span.
+    # request belongs to (as `gen_ai.conversation.id` does in its spans): it holds the conversation's
+    # routing and canary arm and is recorded on the router's span. `agent` names the agent, whose
+    # generalist serves where no targeted adapter does.
     metadata: dict[str, str] | None = None
 
     @field_validator("metadata")
@@ -155,6 +157,10 @@ class ChatRequest(Strict):
     @property
     def conversation_id(self) -> str | None:
         return (self.metadata or {}).get("conversation_id") or None
+
+    @property
+    def agent(self) -> str | None:
+        return (self.metadata or {}).get(generalist.METADATA_KEY) or None
 
     def sampling(self, max_tokens: int) -> Sampling:
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []

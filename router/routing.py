@@ -7,6 +7,22 @@ exact adapter versions). A request takes a lease on the version it starts with. 
 ``<capability>@v<N+1>`` points the capability at it at once; the old version stops taking requests
 and is unloaded when its last lease comes back. A gate cannot mix a version it was not trained
 for, so replacing or removing one of its adapters falls back to classifier routing.
+
+In classifier mode routing is per conversation, as the paper routes per task: the first request of
+a conversation (``metadata.conversation_id``) is classified, and the capability chosen (or the base
+model) is held for all its later requests without asking the classifier again (reason ``held``),
+so a new adapter going live, a changed candidate set or an evicted cache never moves a conversation
+mid-way. The capability is held, not the version: a hot swap still sends the conversation's next
+request to the new version, and a canary keeps it on its arm. A held capability with no live or
+canary version left is forgotten and the conversation routed afresh. The memory holds the last
+`CONVERSATIONS` conversations and is the process's. A request without an id is classified on its
+first user turn each time (cached).
+
+A generalist (``daemon.core.generalist``: the capability ``generalist.<agent>``) is its agent's
+default, not a classifier candidate: where the classifier picks the base model (or has no targeted
+candidate, or no first user turn to read), the generalist of the agent the request names in
+``metadata.agent`` serves (reason ``generalist``); a request naming no agent gets the only live
+generalist, if there is exactly one; otherwise the base model serves.
 """
 
 from __future__ import annotations
@@ -21,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from daemon.core import generalist
 from router import metrics
 from router.backend import AdapterConflict, Backend, BackendUnavailable, GateSpec
 from router.split import Split
@@ -37,6 +54,7 @@ CLASSIFIER_INSTRUCTIONS = (
 )
 CLASSIFIER_CHARS = 4000  # of the first user turn; the label depends on what the task is, not its details
 CLASSIFIER_CACHE = 1024  # an agent repeats its first user turn on every step of a run
+CONVERSATIONS = 65_536  # conversations whose routing is held: far more than are under way at once
 
 
 class RoutingError(ValueError):
@@ -156,6 +174,8 @@ class RoutingTable:
         self.mode = "off"
         self.fixed: str | None = None  # in mode fixed: the capability it follows; None is the base model
         self.gate: GateSpec | None = None  # in mode gate: the gate weights and the versions they mix
+        # conversation id -> the capability its first request was routed to (`BASE`: the base model)
+        self.conversations: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()  # the table itself; held only for bookkeeping
         self._admin = threading.Lock()  # loads, removals and mode changes take turns
         self._retirements = ThreadPoolExecutor(1, thread_name_prefix="retire")
@@ -168,17 +188,21 @@ class RoutingTable:
 
     # -- requests ---------------------------------------------------------------------------------
 
-    def acquire(self, pinned: str | None, first_user: str | None, conversation: str | None = None) -> Lease:
+    def acquire(
+        self, pinned: str | None, first_user: str | None, conversation: str | None = None, agent: str | None = None
+    ) -> Lease:
         """Route one request and hold its adapter version until `release`. `pinned` is a live adapter
         name the client asked for by model name; otherwise the mode decides. `conversation` (the
-        client's conversation id) is what keeps a conversation on one canary arm; without it, its
-        first user turn is."""
+        client's conversation id) holds a conversation's classifier choice and keeps it on one canary
+        arm; without it, its first user turn keeps the arm. `agent` names whose generalist serves
+        where the classifier picks no targeted capability."""
         started = time.perf_counter()
-        lease = self._route(pinned, first_user, conversation or first_user)
+        lease = self._route(pinned, first_user, conversation, agent)
         metrics.ROUTING_SECONDS.labels(lease.reason).observe(time.perf_counter() - started)
         return lease
 
-    def _route(self, pinned: str | None, first_user: str | None, unit: str | None) -> Lease:
+    def _route(self, pinned: str | None, first_user: str | None, conversation: str | None, agent: str | None) -> Lease:
+        unit = conversation or first_user
         with self._lock:
             if pinned is not None:
                 adapter = self.adapters.get(pinned)
@@ -195,17 +219,56 @@ class RoutingTable:
                 lease = self._hold(GATE, list(self.gate.adapters))
                 lease.adapter, lease.gate = GATE, self.gate
                 return lease
+            held = self._recall(conversation)
+            if held is not None:
+                return self._serve("held", None if held == BASE else held, unit)
             candidates = [
                 (capability, self.adapters[self.current.get(capability) or self.canaries[capability]].description)
-                for capability in sorted(set(self.current) | set(self.canaries))
+                for capability in self._serving()
+                if not generalist.is_generalist(capability)
             ][: len(LABELS)]
-        if not candidates or not first_user:
-            return Lease(None, "classifier")
         # The forward pass runs outside the table lock; a swap meanwhile sends the request to the
         # capability's new version, as it would any request that starts after the swap.
-        capability = self.classifier.choose(first_user, candidates)
+        capability = self.classifier.choose(first_user, candidates) if candidates and first_user else None
         with self._lock:
-            return self._serve("classifier", capability, unit)
+            reason = "classifier"
+            if capability is None and (default := self._generalist(agent)) is not None:
+                capability, reason = default, "generalist"
+            if conversation is not None and first_user:  # without a user turn nothing was chosen yet
+                self._remember(conversation, capability)
+            return self._serve(reason, capability, unit)
+
+    def _serving(self) -> list[str]:
+        """Capabilities with a live or canary version, by name (table lock held)."""
+        return sorted(set(self.current) | set(self.canaries))
+
+    def _generalist(self, agent: str | None) -> str | None:
+        """The generalist capability that serves `agent`'s requests, if it has a live or canary
+        version; for a request naming no agent, the only such generalist (table lock held)."""
+        generalists = [capability for capability in self._serving() if generalist.is_generalist(capability)]
+        if agent:
+            wanted = generalist.capability(agent)
+            return wanted if wanted in generalists else None
+        return generalists[0] if len(generalists) == 1 else None
+
+    def _recall(self, conversation: str | None) -> str | None:
+        """The capability (`BASE`: the base model) held for `conversation`, or None when it has none
+        or its capability has no live or canary version left, which forgets it (table lock held)."""
+        if conversation is None or conversation not in self.conversations:
+            return None
+        held = self.conversations[conversation]
+        if held != BASE and held not in self.current and held not in self.canaries:
+            del self.conversations[conversation]
+            return None
+        self.conversations.move_to_end(conversation)
+        return held
+
+    def _remember(self, conversation: str, capability: str | None) -> None:
+        """Hold `capability` (None: the base model) for the conversation's later requests (table lock held)."""
+        self.conversations[conversation] = capability or BASE
+        self.conversations.move_to_end(conversation)
+        while len(self.conversations) > CONVERSATIONS:
+            self.conversations.popitem(last=False)
 
     def _serve(self, reason: str, capability: str | None, unit: str | None) -> Lease:
         """Hold the version that serves `capability`'s request (table lock held): its live version, or
@@ -430,6 +493,7 @@ class RoutingTable:
                     for capability, name in sorted(self.canaries.items())
                 },
                 "adapters": [adapter.describe() for _, adapter in sorted(self.adapters.items())],
+                "held_conversations": len(self.conversations),
             }
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,3 +227,35 @@ def wait_for(condition: Any, timeout_s: float = 30.0, poll_s: float = 0.2) -> An
         time.sleep(poll_s)
     raise TimeoutError(f"condition not reached in {timeout_s:g} s: {condition}")
 
+
+
+@contextmanager
+def serving_router(config: Path) -> Iterator[tuple[str, Any, Any]]:
+    """An in-process `tracefix router` (the app, its embedded backend) on a free loopback port for
+    the config file at `config`: (its URL, the app, the backend), stopped on exit."""
+    import threading
+
+    import uvicorn
+
+    from daemon.core.settings import load_settings
+    from router.backend import EmbeddedBackend
+    from router.server import create_app
+
+    settings = load_settings(config)
+    backend = EmbeddedBackend.from_settings(settings)
+    app = create_app(settings, backend)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app, backend
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        app.state.table.close()
+        backend.stop()
+        app.state.telemetry.shutdown()

@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,17 +27,14 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 openai = pytest.importorskip("openai")
 
-import uvicorn  # noqa: E402
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from daemon.core.settings import load_settings  # noqa: E402
 from router import protocol  # noqa: E402
 from router.backend import EmbeddedBackend, held_back  # noqa: E402
 from router.routing import LABELS, classifier_messages  # noqa: E402
-from router.server import create_app  # noqa: E402
-from tests.conftest import REPO, free_port, wait_for  # noqa: E402
+from tests.conftest import REPO, free_port, serving_router, wait_for  # noqa: E402
 from tests.lora_support import TARGETS, make_adapter  # noqa: E402
 from trainer import model as models  # noqa: E402
 from trainer.environment import Tool, render_system_prompt  # noqa: E402
@@ -121,23 +117,8 @@ def router(base_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         f'[router]\ntoken = "{TOKEN}"\nrouting = "off"\nmax_batch = 8\nmax_context_tokens = 1024\n'
         f'export_spans = true\notlp_endpoint = "http://127.0.0.1:{receiver.server_address[1]}"\n'
     )
-    settings = load_settings(config)
-    backend = EmbeddedBackend.from_settings(settings)
-    app = create_app(settings, backend)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    yield Router(url, app, base_dir, directory / "adapters", backend.tokenizer, _Receiver.requests)
-    server.should_exit = True
-    thread.join(10)
-    app.state.table.close()
-    backend.stop()
-    app.state.telemetry.shutdown()
+    with serving_router(config) as (url, app, backend):
+        yield Router(url, app, base_dir, directory / "adapters", backend.tokenizer, _Receiver.requests)
     receiver.shutdown()
 
 

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from examples.airline.instructions import SERVICE_NAME
 from examples.airline.tools import openai_tools
 
 _RESERVATION_ID = re.compile(r"\bR-\d{5}\b")
@@ -74,16 +75,20 @@ class Policy(Protocol):
 
 
 class LLMPolicy:
-    """Asks a model behind an OpenAI-compatible endpoint, offering the tools in OpenAI's format."""
+    """Asks a model behind an OpenAI-compatible endpoint, offering the tools in OpenAI's format, and
+    names the agent (its service name) to it, so the router can serve the agent's generalist."""
 
     name = "llm"
     provider = "openai"
 
-    def __init__(self, client: Any, model: str = "base", max_tokens: int = 160, temperature: float = 0.7) -> None:
+    def __init__(
+        self, client: Any, model: str = "base", max_tokens: int = 160, temperature: float = 0.7, agent: str = SERVICE_NAME
+    ) -> None:
         self.client = client
         self.model = model
         self.max_tokens = max_tokens
         self.temperature = temperature
+        self.agent = agent
         self.tools = openai_tools()
 
     def respond(self, messages: list[dict[str, Any]], headers: dict[str, str], seed: int, conversation_id: str) -> Reply:
@@ -92,7 +97,8 @@ class LLMPolicy:
         try:
             response = self.client.chat.completions.create(
                 model=self.model, messages=messages, tools=self.tools, max_tokens=self.max_tokens,
-                temperature=self.temperature, seed=seed, extra_headers=headers, metadata={"conversation_id": conversation_id},
+                temperature=self.temperature, seed=seed, extra_headers=headers,
+                metadata={"conversation_id": conversation_id, "agent": self.agent},
             )  # fmt: skip
         except openai.APIStatusError as error:
             message = f"the model endpoint answered {error.status_code}: {error.message}"

@@ -147,7 +147,7 @@ class Session:
         the run, so a run over several batches keeps its conversation ids apart."""
         config = self.config
         if self.client is not None:
-            policy: Policy = LLMPolicy(self.client, config.model, config.max_tokens, config.temperature)
+            policy: Policy = LLMPolicy(self.client, config.model, config.max_tokens, config.temperature, config.service_name)
         else:
             flaws = random.Random(f"flaws-{batch.seed}-{index}")
             skip_confirmation = flaws.random() < config.skip_confirmation

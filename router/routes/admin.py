@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Depends
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
+from daemon.core import generalist
 from daemon.core.settings import CAPABILITY_NAME
 from router.backend import AdapterConflict, BackendUnavailable
 from router.protocol import ApiError
@@ -21,13 +22,23 @@ router = APIRouter(dependencies=[Depends(authorized)])
 
 
 class AdapterLoad(BaseModel):
-    capability: str = Field(pattern=CAPABILITY_NAME.pattern)
+    capability: str = Field(max_length=200, description="A capability's name, or a generalist's (generalist.<agent>).")
     version: int = Field(ge=1)
     path: str = Field(min_length=1)
     description: str = Field("", max_length=2000, description="What the capability is; the classifier reads it.")
     canary: float | None = Field(
         None, gt=0, lt=1, description="Load as a canary taking this share of the capability's traffic until promoted."
     )
+
+    @field_validator("capability")
+    @classmethod
+    def _capability(cls, capability: str) -> str:
+        agent = generalist.agent_of(capability)
+        if CAPABILITY_NAME.match(capability) or (agent and generalist.capability(agent) == capability):
+            return capability
+        raise ValueError(
+            f"{capability!r} is not a capability name ({CAPABILITY_NAME.pattern}) or a generalist's (generalist.<agent>)"
+        )
 
 
 class RoutingChange(BaseModel):

@@ -148,7 +148,7 @@ async def _submit(
         raise ApiError(400, str(error), param="messages") from None
     max_tokens = completion_budget(len(prompt), chat.requested_tokens, backend.context_tokens, settings.max_new_tokens)
     try:
-        lease = await run_in_threadpool(table.acquire, pinned, chat.first_user_turn(), chat.conversation_id)
+        lease = await run_in_threadpool(table.acquire, pinned, chat.first_user_turn(), chat.conversation_id, chat.agent)
     except UnknownAdapter:  # retired between the check and the lease
         raise model_not_found(chat.model) from None
     except BackendUnavailable as error:  # the classifier could not ask the model
