@@ -75,15 +75,20 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
         "[analysis]\ninterval_s = 1.0\nmin_failures = 5\n"
         "[training]\nwarm_start_examples = 2\neval_seeds = 2\neval_margin = 0.0\n"
         "[promotion]\ninterval_s = 1.0\ncanary_min_trajectories = 3\nwatch_min_trajectories = 1000\n"
+        # The generalist comes first; a tiny random model learns nothing from the flows' successes,
+        # and a margin it cannot meet keeps its path fixed: never offered, then the targeted adapter.
+        "[generalist]\nmin_trajectories = 3\nmargin = 0.99\n"
     )
     command = [sys.executable, "-m", "daemon.app.cli", "demo", "--config", str(config), "--fast", "--auto-approve",
                "--minutes", "12", "--after", "3", "--rate", "4", "--report", str(tmp_path / "report.json")]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, env=os.environ)
     output = done.stderr
     assert done.returncode == 0, output[-3000:]
+    generalist = "training run 1 (generalist.airline-support-agent v1): "
+    assert output.find(generalist + "running") < output.find(generalist + "rejected_by_eval") < output.find("training run 2"), output[-4000:]
     stages = [
         "capability selected: tool_call_precision", "environment 1 (tool_call_precision): checked",
-        "training run 1 (tool_call_precision v1): running", "model-driven traffic resumes",
+        "training run 2 (tool_call_precision v1): running", "model-driven traffic resumes",
         "candidate ready: tool_call_precision@v1",
         "tool_call_precision@v1: candidate → approved by admin", "tool_call_precision@v1: approved → canary by promotion",
         "tool_call_precision@v1: canary → live by promotion",
@@ -115,6 +120,10 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
     assert report["settings"]["training"]["recipe"] == "sft+grpo" and report["settings"]["training"]["steps"] > 0
     added = report["candidates"]["tool_call_precision@v1"]["grpo_added"]
     assert added["seeds"] == 2 and "GRPO added" in output[output.find("candidate ready") :].splitlines()[0]
+    # Task success per period with intervals, and what the generalist would have learned from: nothing of the panel.
+    assert report["panel"] == {"batches": 12, "goals": 48} and report["success"]["before"]["count"] == 0
+    assert "task success on the panel — before: 0.00" in output
+    assert report["generalist"] is None and report["learned_from"] == []  # never offered: no adapter learned from stored runs
     failure = report["failure"]
     assert failure["after"]["total"] >= 3 and failure["before"]["total"] == int(before.split(" on ")[1])
     assert set(failure) == set(report["lacking"]) == {"before", "canary", "after"}

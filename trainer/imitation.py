@@ -1,7 +1,12 @@
-"""The blunt instrument the method argues against, as a baseline: one LoRA adapter trained by
-imitation on the agent's own successful conversations, whole, with the warm start's settings
-(epochs, batch, learning rate, LoRA shape), so it can be compared with the capability-targeted
-adapters at the same budget (`bench/imitation_baseline.py`).
+"""Imitation of an agent's successful conversations, whole: the generalist's recipe.
+
+Where an agent fails often and successful runs of its tools exist, the daemon's generalist stage
+(`daemon/pipeline/generalist.py`) sends them here (`run_generalist`, run by `trainer.train_job`): one
+LoRA adapter learns them with the warm start's settings (batch, learning rate, LoRA shape; its own
+epochs), is scored against the base on held-out successful conversations by its next actions,
+teacher-forced (`trainer.next_action`), and is offered like any adapter when it does better.
+`bench/imitation_baseline.py` trains the same at the targeted adapters' budget, as the equal-budget
+check of what targeting adds.
 
 A stored conversation is laid out exactly like a warm-start demonstration
 (`trainer.rollouts.demonstration`): the agent's turns are the policy's tokens, everything between
@@ -94,3 +99,77 @@ def train_imitation(
         "created_at": datetime.now(timezone.utc).isoformat(),
     }
     return save_adapter(model, directory / "adapter", manifest)
+
+
+def run_generalist(request: dict[str, Any], run_dir: Path, progress: Progress | None = None) -> dict[str, Any]:
+    """A generalist's train job: learn from the request's conversations by imitation, score its next
+    actions against the base's on the held-out ones, teacher-forced (`trainer.next_action`), and save
+    it when it beats the base by more than the request's margin. Returns the result record the daemon
+    reads (as `trainer.train_job.run_training` does for a targeted run)."""
+    import json
+    import time
+
+    from trainer import model as models
+    from trainer.jobs import RequestError
+    from trainer.next_action import compare_next_actions
+    from trainer.rollouts import Sampling
+    from pydantic import ValidationError
+
+    started = time.monotonic()
+    try:
+        data = json.loads(Path(request["conversations"]).read_text())
+        train, held_out = data["train"], data["held_out"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise RequestError(f"cannot read the conversations of {request['conversations']}: {error}") from None
+    if not train or not held_out:
+        raise RequestError(f"{request['conversations']} needs conversations to learn from and held-out ones to score on")
+    try:
+        config = TrainingSettings.model_validate(request["training"])
+    except ValidationError as error:
+        raise RequestError(f"bad [training] settings: {error}") from error
+    model_settings = request["model"]
+    model_dir = models.resolve(model_settings["name"], Path(model_settings["cache_dir"]))
+    model, tokenizer = load_policy(model_dir, config)
+    sequences = [conversation_sequence(tokenizer, messages, config.max_length) for messages in train]
+    report = supervised(model, tokenizer, sequences, config, run_dir / RECIPE, progress)
+    report["policy_tokens"] = sum(sum(mask) for _, mask in sequences)
+    if progress:
+        progress({"phase": "evaluation", "part": f"next actions on {len(held_out)} held-out conversations", "elapsed_s": 0.0})
+    sampling = Sampling(config.new_tokens, 0.0, max_length=config.max_length)
+    scored = compare_next_actions(model, tokenizer, held_out, sampling)
+    margin = float(request.get("margin", 0.0))
+    base_rate, adapter_rate = scored["base"]["matched"]["rate"], scored["adapter"]["matched"]["rate"]
+    gain = adapter_rate - base_rate
+    offered = gain > margin
+    reasons = [] if offered else [
+        f"next-action accuracy {adapter_rate:.2f} does not beat the base's {base_rate:.2f} by more than {margin:.2f}"
+    ]
+    evaluation = {"kind": "next_action", "verdict": "candidate" if offered else "rejected_by_eval", "reasons": reasons,
+                  "conversations": len(held_out), "learned_from": len(train), "margin": margin, **scored}  # fmt: skip
+    result: dict[str, Any] = {
+        "run_id": request["run_id"],
+        "capability": request["capability"],
+        "verdict": evaluation["verdict"],
+        "evaluation": evaluation,
+        "training": {"recipe": RECIPE, "imitation": report},
+        "steps": report.get("steps") if isinstance(report.get("steps"), int) else None,
+        "seconds": round(time.monotonic() - started, 1),
+        "adapter": None,
+    }
+    if offered:
+        directory = run_dir / "adapter"
+        manifest = {
+            "capability": request["capability"],
+            "version": request["version"],
+            "environment": None,
+            "agent": request["agent"],
+            "base_model": model_settings["name"],
+            "base_model_hash": base_model_hash(model_dir),
+            "recipe": RECIPE,
+            "training": config.model_dump(mode="json"),
+            "metrics": {"evaluation": evaluation, "imitation": report},
+            "created_at": datetime.now(timezone.utc).isoformat(),
+        }
+        save_adapter(model, directory, manifest)
+        result["adapter"] = str(directory)
+    return result

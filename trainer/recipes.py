@@ -62,9 +62,11 @@ def lora_config(config: TrainingSettings) -> Any:
     )  # fmt: skip
 
 
-def load_policy(model_dir: Path, config: TrainingSettings) -> tuple[Any, Any]:
-    """The base model with a fresh LoRA adapter on ``config.device``, and its tokenizer (left
-    padding for generation)."""
+def load_policy(model_dir: Path, config: TrainingSettings, starts_from: Path | None = None) -> tuple[Any, Any]:
+    """The base model with a fresh LoRA adapter on ``config.device`` — or, with `starts_from`, the
+    saved adapter there, trainable (a targeted adapter continues the agent's generalist, so it
+    carries what the generalist learned: one LoRA serves both) — and its tokenizer (left padding for
+    generation). ValueError when that adapter's LoRA shape is not ``config``'s."""
     import torch
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -79,7 +81,16 @@ def load_policy(model_dir: Path, config: TrainingSettings) -> tuple[Any, Any]:
     device = training_device(config.device)
     dtype = precision.torch_dtype(precision.resolve(config.dtype, device))
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
-    return get_peft_model(base, lora_config(config)), tokenizer
+    if starts_from is None:
+        return get_peft_model(base, lora_config(config)), tokenizer
+    from peft import PeftConfig, PeftModel
+
+    saved = PeftConfig.from_pretrained(str(starts_from))
+    shape = (saved.r, saved.lora_alpha, sorted(saved.target_modules or []))  # type: ignore[attr-defined]
+    wanted = (config.lora_r, config.lora_alpha, sorted(config.lora_targets))
+    if shape != wanted:
+        raise ValueError(f"the adapter at {starts_from} has LoRA r, alpha, targets {shape}; this run trains {wanted}")
+    return PeftModel.from_pretrained(base, str(starts_from), is_trainable=True).to(device), tokenizer
 
 
 def warm_start(model: Any, tokenizer: Any, environment: Environment, config: TrainingSettings, directory: Path, progress: Progress | None = None) -> dict[str, Any]:
@@ -164,9 +175,13 @@ def validation_score(model: Any, tokenizer: Any, environment: Environment, confi
     return asdict(found)
 
 
-def train(environment: Environment, model_dir: Path, directory: Path, config: TrainingSettings, progress: Progress | None = None) -> Trained:
-    """Train with the configured recipe (or choose one, for 'auto'); see the module."""
-    model, tokenizer = load_policy(model_dir, config)
+def train(
+    environment: Environment, model_dir: Path, directory: Path, config: TrainingSettings, progress: Progress | None = None,
+    starts_from: Path | None = None,
+) -> Trained:
+    """Train with the configured recipe (or choose one, for 'auto'), from a fresh adapter or the one at
+    `starts_from`; see the module."""
+    model, tokenizer = load_policy(model_dir, config, starts_from)
     fresh = lora_state(model)
     started = time.monotonic()
     auto = config.recipe == "auto"

@@ -35,6 +35,8 @@ from trainer.rollouts import Sampling
 from trainer.jobs import RequestError, exit_with_parent, limit_memory, read_request, run_job, write_atomically
 
 REQUIRED = ("run_id", "capability", "version", "family", "difficulty", "tools", "model", "training", "evaluation")
+# A generalist's request (``"kind": "generalist"``): the conversations file instead of an environment.
+REQUIRED_GENERALIST = ("run_id", "capability", "version", "agent", "model", "training", "conversations")
 
 
 def finished_result(request: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
@@ -67,7 +69,7 @@ def finished_result(request: dict[str, Any], run_dir: Path) -> dict[str, Any] | 
         "capability": request["capability"],
         "verdict": "candidate",
         "evaluation": metrics["evaluation"],
-        "training": {"recipe": manifest["recipe"], **{key: metrics[key] for key in ("tried", "warm_start", "rollouts")}},
+        "training": {"recipe": manifest["recipe"], **{key: metrics[key] for key in ("tried", "warm_start", "rollouts", "imitation") if key in metrics}},
         "steps": metrics.get("steps"),
         "seconds": None,
         "adapter": str(directory),
@@ -93,7 +95,8 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
     model_settings = request["model"]
     model_dir = models.resolve(model_settings["name"], Path(model_settings["cache_dir"]))
     config = training_settings(request)
-    trained = train(environment, model_dir, run_dir, config, progress)
+    starts_from = Path(request["starts_from"]["path"]) if request.get("starts_from") else None
+    trained = train(environment, model_dir, run_dir, config, progress, starts_from)
     model, tokenizer, report = trained.model, trained.tokenizer, trained.report
 
     evaluation = request["evaluation"]
@@ -142,6 +145,7 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
             "base_model_hash": base_model_hash(model_dir),
             "recipe": report["recipe"],
             "training": config.model_dump(mode="json"),
+            "starts_from": request.get("starts_from"),
             "metrics": {
                 "evaluation": verdict, "tried": report["tried"], "warm_start": report["warm_start"], "rollouts": report["rollouts"],
                 "steps": len(report["steps"]),
@@ -160,7 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
 
     def body() -> None:
-        request = read_request(arguments.request, REQUIRED)
+        request = read_request(arguments.request, ())
+        generalist = request.get("kind") == "generalist"
+        request = read_request(arguments.request, REQUIRED_GENERALIST if generalist else REQUIRED)
         # The device first: on a GPU no address-space limit can be set (limit_memory).
         memory_limit_mb = limit_memory(request.get("memory_mb"), training_device(training_settings(request).device))
         exit_with_parent()
@@ -175,7 +181,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log.write(json.dumps(record) + "\n")
                 log.flush()
 
-            result = run_training(request, arguments.run_dir, progress)
+            if generalist:
+                from trainer.imitation import run_generalist
+
+                result = run_generalist(request, arguments.run_dir, progress)
+            else:
+                result = run_training(request, arguments.run_dir, progress)
         write_atomically(arguments.run_dir / "result.json", {**result, "memory_limit_mb": memory_limit_mb})
 
     return run_job("training", body, "[training] memory_mb")

@@ -19,13 +19,15 @@ import os
 import threading
 import time
 import tomllib
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from daemon.app.client import ApiError, DaemonClient, DaemonUnavailable
-from daemon.core.intervals import wilson
+from daemon.core import generalist
+from daemon.core.intervals import mcnemar_p, paired_difference, wilson
 from daemon.core.progress import grpo_added_text, progress_text
 from daemon.core.settings import ENV_PREFIX, Settings, load_settings
 from daemon.app.supervisor import loopback
@@ -62,6 +64,13 @@ DEMO: dict[str, dict[str, Any]] = {
     # The router gets one thread; the trainer both, since the model-driven traffic holds while it trains.
     "model": {"max_new_tokens": 96, "threads": 1},
     "promotion": {"interval_s": 5.0, "canary_fraction": 0.5, "canary_min_trajectories": 10, "watch_min_trajectories": 30},
+    # The generalist learns from the scripted flows' successful conversations (the same tools: a
+    # stronger policy serving part of the traffic), never from the panel's own conversations, and is
+    # scored on 16 of them held out.
+    "generalist": {
+        "min_trajectories": 12, "min_failure_rate": 0.5, "min_successes": 48, "max_conversations": 48, "held_out": 16, "epochs": 2,
+        "exclude_conversations": ["airline-panel-"],
+    },  # fmt: skip
 }
 FAST: dict[str, dict[str, Any]] = {
     "analysis": {"interval_s": 5.0, "min_failures": 10},
@@ -69,6 +78,7 @@ FAST: dict[str, dict[str, Any]] = {
     "training": {"warm_start_examples": 16, "eval_seeds": 8, "eval_margin": 0.1},
     "model": {"max_new_tokens": 64},
     "promotion": {"canary_min_trajectories": 8, "watch_min_trajectories": 16},
+    "generalist": {"min_successes": 16, "max_conversations": 16, "held_out": 4, "epochs": 1},
 }
 
 
@@ -101,14 +111,17 @@ class Tally:
     outcomes: dict[str, dict[str, bool]] = field(default_factory=lambda: {"before": {}})
     # Per period, conversation id -> how far its goal got (examples.airline.progress.Progress).
     progress: dict[str, dict[str, dict[str, Any]]] = field(default_factory=lambda: {"before": {}})
+    goals: dict[str, str] = field(default_factory=dict)  # conversation id -> its panel goal (task id)
     period: str = "before"  # where a conversation finishing now counts
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, conversation_id: str, success: bool, progress: dict[str, Any] | None = None) -> None:
+    def add(self, conversation_id: str, success: bool, progress: dict[str, Any] | None = None, goal: str | None = None) -> None:
         with self.lock:
             self.outcomes.setdefault(self.period, {})[conversation_id] = success
             if progress:
                 self.progress.setdefault(self.period, {})[conversation_id] = progress
+            if goal:
+                self.goals[conversation_id] = goal
 
     def enter(self, period: str) -> None:
         with self.lock:
@@ -137,6 +150,41 @@ class Tally:
     def failure_rate(outcomes: dict[str, bool]) -> str:
         return rate_text(*Tally.failures(outcomes))
 
+    @staticmethod
+    def success_rate(outcomes: dict[str, bool]) -> str:
+        failed, finished = Tally.failures(outcomes)
+        return rate_text(finished - failed, finished)
+
+    def paired(self, first: str, second: str) -> dict[str, Any] | None:
+        """Task success in period `second` against `first` on the same panel goals (each goal's first
+        conversation in each period): the paired difference with its 95 % interval and McNemar's
+        exact p. None when the periods share no goal."""
+        with self.lock:
+            firsts = [_first_per_goal(self.outcomes.get(period, {}), self.goals) for period in (first, second)]
+        goals = sorted(set(firsts[0]) & set(firsts[1]))
+        if not goals:
+            return None
+        pairs = [(firsts[0][goal], firsts[1][goal]) for goal in goals]
+        after_only = sum(after and not before for before, after in pairs)
+        before_only = sum(before and not after for before, after in pairs)
+        both = sum(before and after for before, after in pairs)
+        delta, low, high = paired_difference(after_only, before_only, both, len(pairs) - after_only - before_only - both)
+        return {
+            "from": first, "to": second, "goals": len(goals), "before": sum(before for before, _ in pairs), "after": sum(after for _, after in pairs),
+            "difference": round(delta, 4), "interval": [round(low, 4), round(high, 4)], "mcnemar_p": round(mcnemar_p(after_only, before_only), 4),
+            "after_only": after_only, "before_only": before_only,
+        }  # fmt: skip
+
+
+def _first_per_goal(outcomes: dict[str, bool], goals: dict[str, str]) -> dict[str, bool]:
+    """Per goal, the outcome of its first conversation in `outcomes` (in the order they finished)."""
+    first: dict[str, bool] = {}
+    for conversation, success in outcomes.items():
+        goal = goals.get(conversation)
+        if goal is not None:
+            first.setdefault(goal, success)
+    return first
+
 
 def rate_text(count: int, total: int) -> str:
     """`count` of `total` as a rate with its 95 % interval ("–" for none)."""
@@ -151,10 +199,14 @@ def rate_record(count: int, total: int) -> dict[str, Any]:
     return {"count": count, "total": total, "rate": round(count / total, 4) if total else None, "interval": [round(low, 4), round(high, 4)]}
 
 
+GENERALIST = "generalist"  # the period while the agent's generalist serves alone
+
 MODEL_DRIVEN = SERVICE_NAME  # service.name of the model-driven agent's traces (the example agent's own)
 SCRIPTED_FLOWS = "airline-scripted-flows"  # … and of the scripted flows next to it
-PANEL_BATCHES = 6  # the model-driven agent's goals: 6 seeded batches of 4 conversations, over and over
+PANEL_BATCHES = 12  # the model-driven agent's goals: 12 seeded batches of 4 conversations (48 goals), over and over
 PANEL_BATCH = 4
+PANEL_RUN = "panel-"  # the panel's conversation ids start "airline-panel-…": no adapter learns from them
+FLOW_SEEDS = 10_000  # the scripted flows' batches are seeded from here on: none of the panel's goals
 
 
 def model_driven(router_url: str, collector_url: str | None, max_tokens: int) -> dict[str, Any]:
@@ -166,6 +218,7 @@ def model_driven(router_url: str, collector_url: str | None, max_tokens: int) ->
     return {
         "policy": "llm", "router": router_url, "collector": collector_url, "conversations": PANEL_BATCH, "concurrency": PANEL_BATCH,
         "max_tokens": max_tokens, "max_turns": 4, "temperature": 0.3, "service_name": MODEL_DRIVEN,
+        "run_id": f"{PANEL_RUN}{uuid.uuid4().hex[:8]}",
     }  # fmt: skip
 
 
@@ -247,7 +300,7 @@ class Traffic(threading.Thread):
         panel = Stream(model, lambda batch: batch % PANEL_BATCHES, counted=True, holds=True)
         self.streams = {
             "llm": [panel],
-            "mixed": [panel, Stream(flows, lambda batch: batch, counted=False, holds=False)],
+            "mixed": [panel, Stream(flows, lambda batch: FLOW_SEEDS + batch, counted=False, holds=False)],
             "scripted": [Stream(planted, lambda batch: batch, counted=True, holds=False)],
         }[policy]
         self.tally = tally
@@ -287,7 +340,7 @@ class Traffic(threading.Thread):
             outcome = stream.session().run(batch, index, number)
             self.error = None
             if stream.counted:
-                self.tally.add(outcome.conversation_id, outcome.success, outcome.progress)
+                self.tally.add(outcome.conversation_id, outcome.success, outcome.progress, outcome.task_id)
             if outcome.ended == "model_error":  # back off while the router is away
                 self.stopping.wait(5)
 
@@ -343,6 +396,7 @@ class Narrator:
         self.selected: dict[str, dict[str, Any]] = {}  # capability -> its statistics when selected
         self.candidates: dict[str, dict[str, Any]] = {}  # adapter name -> its evaluation
         self.lives: list[str] = []  # the capabilities whose adapters went live, in order
+        self.generalist: str | None = None  # the agent's generalist, once live (it is not one of `lives`)
 
     def event(self, key: str, line: str) -> None:
         if key not in self.seen:
@@ -373,12 +427,14 @@ class Narrator:
         self._environments(environments)
         # The canary and the 'after' period need the model-driven traffic; otherwise it holds while a
         # model job has the cores.
-        self._hold_traffic(environments, runs, measuring=any(item["state"] == "canary" for item in adapters) or self.tally.period == "after")
+        # The generalist's period measures a whole pass over the panel before a targeted run holds it.
+        alone = self.tally.period == GENERALIST and len(self.tally.outcomes.get(GENERALIST, {})) < PANEL_BATCHES * PANEL_BATCH
+        self._hold_traffic(environments, runs, measuring=any(item["state"] == "canary" for item in adapters) or self.tally.period == "after" or alone)
         self._runs(runs)
         self._adapters(adapters, routing)
         self._decisions(audit, {item["adapter_id"]: f"{item['capability']}@v{item['version']}" for item in adapters})
-        self.rows["model-driven failure rate"] = " · ".join(
-            f"{'before the adapter' if period == 'before' else period} {self.tally.failure_rate(outcomes)}"
+        self.rows["model-driven task success"] = " · ".join(
+            f"{'before any adapter' if period == 'before' else period} {self.tally.success_rate(outcomes)}"
             for period, outcomes in self.tally.outcomes.items()
         )
 
@@ -430,11 +486,13 @@ class Narrator:
             self.event(f"resume:{runs[0]['run_id'] if runs else 0}", "model-driven traffic resumes")
 
     def _runs(self, runs: list[dict[str, Any]]) -> None:
-        """Narrate the latest run and its progress."""
+        """Narrate each run's state as it changes (oldest first: a run that ended between two polls is
+        told before the next one starts) and the latest run's progress."""
         if not runs:
             return
+        for run in reversed(runs):
+            self.event(f"run:{run['run_id']}:{run['status']}", f"training run {run['run_id']} ({run['capability']} v{run['version']}): {run['status']}")
         run = runs[0]
-        self.event(f"run:{run['run_id']}:{run['status']}", f"training run {run['run_id']} ({run['capability']} v{run['version']}): {run['status']}")
         if run["status"] == "running":
             detail = self.client.get(f"/api/runs/{run['run_id']}")
             progress = detail.get("progress") or []
@@ -449,15 +507,8 @@ class Narrator:
             name = f"{adapter['capability']}@v{adapter['version']}"
             state = adapter["state"]
             if state == "candidate":
-                target = adapter["evaluation"]["target"]
                 self.candidates.setdefault(name, adapter["evaluation"])
-                self.event(
-                    f"candidate:{adapter['adapter_id']}",
-                    f"candidate ready: {name}, held-out success {target['adapter']['success_rate']:.2f} vs base "
-                    f"{target['base']['success_rate']:.2f}"
-                    + (f"; {added}" if (added := grpo_added_text(adapter["evaluation"].get("grpo_added"))) else "")
-                    + f" — open {self.dashboard_url} to approve",
-                )
+                self.event(f"candidate:{adapter['adapter_id']}", f"candidate ready: {name}, {candidate_text(adapter['evaluation'])} — open {self.dashboard_url} to approve")
                 if self.auto_approve:
                     self.client.post(f"/api/adapters/{adapter['adapter_id']}/approve", {"reason": "tracefix demo --auto-approve"})
             if state in ("canary", "live") and adapter["adapter_id"] in judged:
@@ -468,6 +519,9 @@ class Narrator:
                     f"{reference.get('name')} {number_text(reference.get('rate'))} {reference.get('interval')} on {reference.get('total', 0)}"
                     f" (verdict after {report.get('needed')})"
                 )
+            if generalist.is_generalist(adapter["capability"]):
+                self._generalist_period(name, state)
+                continue
             if state == "canary" and not self.tally.period.startswith("canary") and self.tally.period != "after":
                 self.tally.enter("canary" if self.adapters == 1 else f"canary {len(self.lives) + 1}")
                 self.say(f"{name} is in canary: the conversations until it goes live are counted apart, as '{self.tally.period}'")
@@ -476,9 +530,21 @@ class Narrator:
                 self.tally.enter("after" if len(self.lives) >= self.adapters else f"after {len(self.lives)}")
                 self.say(f"{name} is live: the agent's conversations from now on count as '{self.tally.period}'")
 
-        if self.tally.period.startswith("canary") and not any(adapter["state"] == "canary" for adapter in adapters):
-            # The canary ended without going live: what served before it serves again.
-            self.tally.enter(f"after {len(self.lives)}" if self.lives else "before")
+        if self.tally.period.endswith("canary") or self.tally.period.startswith("canary"):
+            if not any(adapter["state"] == "canary" for adapter in adapters):
+                # The canary ended without going live: what served before it serves again.
+                self.tally.enter(f"after {len(self.lives)}" if self.lives else GENERALIST if self.generalist else "before")
+
+    def _generalist_period(self, name: str, state: str) -> None:
+        """The generalist's canary and then its time live alone are periods of their own, before any
+        targeted adapter's."""
+        if state == "canary" and self.tally.period == "before":
+            self.tally.enter(f"{GENERALIST} canary")
+            self.say(f"{name}, the agent's generalist, is in canary: the conversations until it goes live count as '{self.tally.period}'")
+        if state == "live" and self.generalist is None and not self.lives:
+            self.generalist = name
+            self.tally.enter(GENERALIST)
+            self.say(f"{name}, the agent's generalist, is live: the agent's conversations from now on count as '{GENERALIST}'")
 
     def _decisions(self, audit: list[dict[str, Any]], names: dict[int, str]) -> None:
         """Every human and automatic decision, oldest first, as the audit log records it."""
@@ -507,6 +573,33 @@ class Narrator:
                 return sum(label == "LACKING" for label in labelled), sum(label != "NA" for label in labelled)
             time.sleep(5)
 
+    def learned_from(self) -> list[dict[str, Any]]:
+        """For each adapter the demo trained from stored conversations (the generalist): how many it
+        learned from, and whether any of them is a panel conversation or names a panel goal's customer
+        or reservation. A generalist that saw the panel would measure memory, not competence."""
+        from examples.airline.runner import Session, configure
+
+        session = Session(configure(policy="scripted", collector=None, conversations=PANEL_BATCH))
+        tasks = [task for seed in range(PANEL_BATCHES) for task in session.batch(seed).tasks]
+        checks = []
+        for adapter in self.client.get("/api/adapters")["items"]:
+            if not generalist.is_generalist(adapter["capability"]):
+                continue
+            ids = self.client.get(f"/api/adapters/{adapter['adapter_id']}/trajectories")
+            texts, panel = [], 0
+            for trajectory_id in ids["train"]:
+                record = self.client.get(f"/api/trajectories/{trajectory_id}")
+                panel += (record.get("conversation_id") or "").startswith(f"airline-{PANEL_RUN}")
+                texts.append(json.dumps(record.get("messages") or []))
+            customers = sum(any(task.user_id in text and task.customer_name in text for task in tasks) for text in texts)
+            reservations = sum(any(task.reservation_id in text for task in tasks) for text in texts)
+            checks.append({
+                "adapter": f"{adapter['capability']}@v{adapter['version']}", "learned_from": len(ids["train"]), "held_out": len(ids["held_out"]),
+                "panel_conversations": panel, "panel_customers": customers, "panel_reservations": reservations,
+                "panel_seeds": list(range(PANEL_BATCHES)), "flow_seeds_from": FLOW_SEEDS,
+            })  # fmt: skip
+        return checks
+
     @property
     def live(self) -> str | None:
         """The capability whose adapter went live first."""
@@ -520,6 +613,15 @@ class Narrator:
 
         periods = {period: dict(outcomes) for period, outcomes in self.tally.outcomes.items()}
         result: dict[str, Any] = {"failure": {period: rate_record(*Tally.failures(outcomes)) for period, outcomes in periods.items()}}
+        result["success"] = {period: rate_record(sum(outcomes.values()), len(outcomes)) for period, outcomes in periods.items()}
+        measuring = [period for period in ("before", GENERALIST, "after") if periods.get(period)]
+        pairs = [(first, second) for index, first in enumerate(measuring) for second in measuring[index + 1 :]]
+        result["paired"] = [pair for first, second in pairs if (pair := self.tally.paired(first, second))]
+        result["generalist"] = self.generalist
+        try:
+            result["learned_from"] = self.learned_from()
+        except (DaemonUnavailable, ApiError) as error:
+            result["learned_from_error"] = str(error)
         # Where each goal broke, per period: the share of conversations reaching each reference step.
         result["goal_steps"] = {period: step_table(list(self.tally.progress.get(period, {}).values())) for period in periods}
         capabilities = self.lives or list(self.selected)[:1]
@@ -634,6 +736,7 @@ def run(
     )
     if not stack.stopping.is_set():  # the daemon is still up: read its labels of the same conversations
         measured = narrator.measured()
+        say(success_text(measured))
         if line := lacking_text(measured):
             say(line)
         if report is not None:
@@ -644,6 +747,7 @@ def run(
                 },
                 "seconds": round(time.monotonic() - narrator.started, 1), "timeline": narrator.timeline,
                 "selected": narrator.selected, "candidates": narrator.candidates, "live": narrator.live, "lives": narrator.lives,
+                "panel": {"batches": PANEL_BATCHES, "goals": PANEL_BATCHES * PANEL_BATCH},
                 **measured,
             }  # fmt: skip
             Path(report).write_text(json.dumps(document, indent=2))
@@ -651,6 +755,34 @@ def run(
     stack.stop()
     client.close()
     return 0
+
+
+def candidate_text(evaluation: dict[str, Any]) -> str:
+    """What a candidate's evaluation measured, in a line: a targeted adapter's held-out success on its
+    environment, or a generalist's next actions on held-out successful conversations."""
+    if evaluation.get("kind") == "next_action":
+        adapter, base = evaluation["adapter"]["matched"], evaluation["base"]["matched"]
+        return (
+            f"the agent's generalist, learned from {evaluation['learned_from']} successful conversations: next action right on "
+            f"{adapter['rate']:.2f} {adapter['interval']} of {evaluation['turns']} held-out turns vs base {base['rate']:.2f}"
+        )
+    target = evaluation["target"]
+    added = grpo_added_text(evaluation.get("grpo_added"))
+    return f"held-out success {target['adapter']['success_rate']:.2f} vs base {target['base']['success_rate']:.2f}" + (f"; {added}" if added else "")
+
+
+def success_text(measured: dict[str, Any]) -> str:
+    """The closing line: task success on the panel per period, with intervals, and the paired
+    differences between the periods on the same goals."""
+    periods = " · ".join(
+        f"{period}: {rate_text(record['count'], record['total'])}" for period, record in measured["success"].items() if record["total"]
+    )
+    pairs = "; ".join(
+        f"{pair['to']} vs {pair['from']} on {pair['goals']} goals {pair['difference']:+.2f} [{pair['interval'][0]:+.2f}, "
+        f"{pair['interval'][1]:+.2f}], McNemar p {pair['mcnemar_p']:.2f}"
+        for pair in measured.get("paired", [])
+    )
+    return f"task success on the panel — {periods}" + (f"; paired: {pairs}" if pairs else "")
 
 
 def lacking_text(measured: dict[str, Any]) -> str | None:

@@ -18,7 +18,7 @@ from collectors.http_receiver import HttpReceiver
 from collectors.ingest import Ingestor
 from collectors.otlp import Limits
 from collectors.trajectories import Assembler
-from daemon.core import metrics
+from daemon.core import generalist, metrics
 from daemon.analysis.analyzer import Analyzer
 from daemon.app.api import create_api
 from daemon.analysis.registry import build_registry
@@ -34,6 +34,7 @@ from daemon.pipeline.training_runner import TrainingRunner
 from daemon.pipeline.gate_runner import GateRunner
 from daemon.pipeline.validator import Validator
 from daemon.store.writer import BatchedWriter
+from router.protocol import stored_prompt_messages
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,8 @@ class Daemon:
         self.synthesizer = Synthesizer(self.analysis_store, self.registry, settings.capabilities)
         self.validator = Validator(self.analysis_store, settings)
         self.runs = RunStore(self.store)
-        self.training = TrainingRunner(self.analysis_store, self.runs, settings)
-        self.promotion = Promotion(
-            self.store, settings, describe=lambda name: self.registry[name].description if name in self.registry else name
-        )
+        self.training = TrainingRunner(self.analysis_store, self.runs, settings, render=stored_prompt_messages)
+        self.promotion = Promotion(self.store, settings, describe=self.describe)
         self.router_admin = RouterAdmin(settings)
         self.gates = GateRunner(self.promotion, self.runs, settings, self.router_admin)
         self.last_analysis: dict[str, Any] | None = None
@@ -106,6 +105,13 @@ class Daemon:
         self._draining = threading.Event()
         # Jobs that move capability states take turns; the store's compare-and-set guards the rest.
         self._state_lock = threading.Lock()
+
+    def describe(self, name: str) -> str:
+        """What the router's classifier reads about a capability (and the dashboard about a generalist)."""
+        if name in self.registry:
+            return self.registry[name].description
+        agent = generalist.agent_of(name)
+        return f"the generalist of {agent}: what its successful runs do" if agent else name
 
     def health(self) -> tuple[bool, list[str]]:
         problems = [f"job {job} failing: {error}" for job, error in self._job_errors.items()]

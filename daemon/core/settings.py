@@ -440,6 +440,38 @@ class TrainingSettings(Section):
         return tuple(recipe for recipe in usable if self.steps or recipe == "sft")
 
 
+class GeneralistSettings(Section):
+    """The generalist: where an agent fails often and successful runs of its tools exist (a stronger model serving
+    part of the traffic, people, earlier versions), one adapter learns from them by imitation before any
+    capability-targeted adapter is trained; targeted adapters then start from it (docs/training.md, "The generalist")."""
+
+    enabled: bool = Field(True, description="Train a generalist for each agent that fails often and has successful runs to learn from.")
+    min_failure_rate: float = Field(
+        0.5, ge=0, le=1, description="The agent's failure rate over its last trajectories with an outcome at which a generalist is wanted."
+    )
+    min_trajectories: int = Field(20, ge=1, description="The agent's own trajectories with an outcome needed before its failure rate counts.")
+    min_successes: int = Field(
+        48, ge=2,
+        description="Successful trajectories with the agent's tools (its own, or another service's with the same tool set) needed"
+        " to train one; the stage waits and says how many it has.",
+    )
+    max_conversations: int = Field(96, ge=1, description="Most successful conversations one generalist learns from (the newest, distinct).")
+    held_out: int = Field(
+        16, ge=1,
+        description="Successful conversations kept back from training, on which the generalist's next actions are scored"
+        " against the base's, teacher-forced.",
+    )
+    epochs: int = Field(2, ge=1, description="Passes over the conversations (the warm start's batch, learning rate and LoRA shape).")
+    margin: float = Field(
+        0.0, ge=0, le=1,
+        description="Offered only when its next-action accuracy on the held-out conversations beats the base's by more than this.",
+    )
+    exclude_conversations: list[str] = Field(
+        default_factory=list,
+        description="Conversation ids (prefixes) never learned from: an evaluation panel kept apart from training.",
+    )
+
+
 class RouterSettings(Section):
     """The OpenAI-compatible server the agent talks to; it serves the base model plus live adapters."""
 
@@ -603,6 +635,7 @@ class Settings(Section):
     model: ModelSettings = ModelSettings()
     validation: ValidationSettings = ValidationSettings()
     training: TrainingSettings = TrainingSettings()
+    generalist: GeneralistSettings = GeneralistSettings()
     router: RouterSettings = RouterSettings()
     promotion: PromotionSettings = PromotionSettings()
     gate: GateTrainingSettings = GateTrainingSettings()

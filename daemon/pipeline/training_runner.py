@@ -18,21 +18,24 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from daemon.store.runs import RunStore
+from daemon.core import generalist
 from daemon.core.settings import Settings
-from daemon.store.store import AnalysisStore
+from daemon.pipeline.generalist import CONVERSATIONS, GeneralistStage, Render
 from daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut, error_tail
+from daemon.store.runs import RunStore
+from daemon.store.store import HEALTHY, AnalysisStore
 
 log = logging.getLogger(__name__)
 
 class TrainingRunner:
-    def __init__(self, store: AnalysisStore, runs: RunStore, settings: Settings) -> None:
+    def __init__(self, store: AnalysisStore, runs: RunStore, settings: Settings, render: Render | None = None) -> None:
         self.store = store
         self.runs = runs
         self.settings = settings
         self.directory = settings.data_dir / "runs"
         self.subprocess = ModelSubprocess()
         self._pass_lock = threading.Lock()
+        self.generalist = GeneralistStage(runs, store, settings, render)
 
     def recover(self) -> int:
         requeued = self.runs.requeue_running()
@@ -52,17 +55,39 @@ class TrainingRunner:
         if not self._pass_lock.acquire(blocking=False):
             return None
         try:
-            run = self.runs.next_queued()
+            # A run left queued first; then a generalist the agent wants (it comes first: targeted
+            # adapters start from it); then the oldest environment that is ready.
+            run = self.runs.next_queued() or self.generalist.next_run(self.directory, self._generalist_config())
             if run is None:
                 environment = self.runs.environment_to_train(
-                    self.settings.validation.enabled, training.warm_start_examples > 0
+                    self.settings.validation.enabled, training.warm_start_examples > 0, self.generalist.holds_targeted
                 )
                 if environment is None:
                     return None
-                run = self.runs.create_run(environment, self._config(environment), str(self.directory))
+                starts_from = self._live_generalist(environment.get("service_name"))
+                run = self.runs.create_run(
+                    environment, self._config(environment), str(self.directory), starts_from["adapter_id"] if starts_from else None
+                )
             return self._execute(run)
         finally:
             self._pass_lock.release()
+
+    def _generalist_config(self) -> dict[str, Any]:
+        """A generalist's [training]: the daemon's, with [generalist] epochs over the conversations."""
+        return {**train_config(self.settings), "warm_start_epochs": self.settings.generalist.epochs}
+
+    def _generalists(self, service: str | None, states: tuple[str, ...]) -> list[dict[str, Any]]:
+        """The generalist adapters in `states` that serve `service`'s agent (for an environment pooled
+        over all agents, None: every one)."""
+        wanted = generalist.capability(service) if service else None
+        return [item for state in states for item in self.runs.generalists(state) if wanted is None or item["capability"] == wanted]
+
+    def _live_generalist(self, service: str | None) -> dict[str, Any] | None:
+        """The live generalist a targeted adapter of `service`'s environment starts from: the agent's,
+        or for a pooled environment the only one live (None when there are several: which agent's
+        would be a guess)."""
+        live = self._generalists(service, ("live",))
+        return live[0] if len(live) == 1 else None
 
     def _config(self, environment: dict[str, Any]) -> dict[str, Any]:
         """The run's [training]: the daemon's, with the hint share validation found."""
@@ -71,10 +96,26 @@ class TrainingRunner:
             config["hint_share"] = (environment.get("validation") or {}).get("hint_share", 0.0)
         return config
 
+    def _generalist_request(self, run: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "kind": "generalist",
+            "run_id": run["run_id"],
+            "capability": run["capability"],
+            "version": run["version"],
+            "agent": run["agent"],
+            "training": run["config"],
+            "conversations": str(Path(run["directory"]) / CONVERSATIONS),
+            "margin": self.settings.generalist.margin,
+            **job_settings(self.settings),
+        }
+
     def _request(self, run: dict[str, Any], environment: dict[str, Any]) -> dict[str, Any]:
         validation = environment.get("validation") or {}
         validated = environment["status"] == "validated"
+        starts_from = self.runs.adapter(run["starts_from"]) if run.get("starts_from") is not None else None
         return {
+            "starts_from": {"adapter_id": starts_from["adapter_id"], "name": f"{starts_from['capability']}@v{starts_from['version']}",
+                            "path": starts_from["path"]} if starts_from else None,  # fmt: skip
             "run_id": run["run_id"],
             "capability": run["capability"],
             "version": run["version"],
@@ -88,6 +129,14 @@ class TrainingRunner:
 
     def _execute(self, run: dict[str, Any]) -> int | None:
         run_id = run["run_id"]
+        if run.get("kind") == "generalist":
+            if not self.runs.set_run_status(run_id, "queued", "running"):
+                return None
+            try:
+                return self._train(run, self._generalist_request(run))
+            except Exception as error:  # a run never stays 'running' behind a daemon-side error
+                log.exception("training run %d", run_id)
+                return self._fail(run, f"{type(error).__name__}: {error}")
         environment = self.runs.environment(run["environment_id"])
         if environment is None:
             self.runs.set_run_status(run_id, "queued", "failed", error=f"environment {run['environment_id']} is gone")
@@ -95,19 +144,20 @@ class TrainingRunner:
         if not self.runs.set_run_status(run_id, "queued", "running"):
             return None
         try:
-            return self._train(run, environment)
+            return self._train(run, self._request(run, environment))
         except Exception as error:  # a run never stays 'running' behind a daemon-side error
             log.exception("training run %d", run_id)
             return self._fail(run, f"{type(error).__name__}: {error}")
 
-    def _train(self, run: dict[str, Any], environment: dict[str, Any]) -> int | None:
+    def _train(self, run: dict[str, Any], body: dict[str, Any]) -> int | None:
         run_id = run["run_id"]
         self._move(run["capability"], "training", f"training run {run_id} (adapter v{run['version']}) started")
         directory = Path(run["directory"])
         directory.mkdir(parents=True, exist_ok=True)
         request = directory / "request.json"
-        request.write_text(json.dumps(self._request(run, environment), indent=2))
-        log.info("training run %d: %s v%d on environment %d", run_id, run["capability"], run["version"], environment["environment_id"])
+        request.write_text(json.dumps(body, indent=2))
+        on = f"environment {run['environment_id']}" if run["environment_id"] is not None else f"{run['agent']}'s successful runs"
+        log.info("training run %d: %s v%d on %s", run_id, run["capability"], run["version"], on)
         try:
             returncode = self.subprocess.run(
                 "trainer.train_job", ["--request", str(request), "--run-dir", str(directory)],
@@ -138,12 +188,16 @@ class TrainingRunner:
 
     def _fail(self, run: dict[str, Any], error: str) -> int:
         self.runs.set_run_status(run["run_id"], "running", "failed", error=error)
-        self._move(run["capability"], "environment", f"training run {run['run_id']} failed: {error.splitlines()[-1]}")
+        back = "environment" if run.get("kind") != "generalist" else HEALTHY
+        self._move(run["capability"], back, f"training run {run['run_id']} failed: {error.splitlines()[-1]}")
         log.warning("training run %d failed: %s", run["run_id"], error)
         return run["run_id"]
 
     def _move(self, capability: str, to_state: str, reason: str) -> None:
+        """A capability's state follows its run (a generalist's row is made by its first run)."""
         state = self.store.states().get(capability)
+        if state is None and generalist.is_generalist(capability):
+            state = {"state": HEALTHY, "consecutive": 0, "last_pass_id": 0}
         if state is not None:
             self.store.transition(capability, state["state"], to_state, reason, state["consecutive"], state["last_pass_id"])
 
@@ -171,5 +225,8 @@ def job_settings(settings: Settings) -> dict[str, Any]:
 
 
 def _gain(evaluation: dict[str, Any]) -> str:
+    if evaluation.get("kind") == "next_action":
+        base, adapter = evaluation["base"]["matched"], evaluation["adapter"]["matched"]
+        return f"next action {adapter['rate']:.2f} vs base {base['rate']:.2f} on {evaluation['turns']} turns of {evaluation['conversations']} held-out conversations"
     target = evaluation["target"]
     return f"success {target['adapter']['success_rate']:.2f} vs base {target['base']['success_rate']:.2f} on {evaluation['seeds'][1]} held-out seeds"

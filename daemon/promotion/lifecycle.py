@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from daemon.core import metrics
+from daemon.core import generalist, metrics
 from daemon.promotion.canary import Rate, Verdict, capability_failure_rate, judge, routed_outcomes, z_of
 from daemon.store.runs import RunStore
 from daemon.promotion.router_client import RouterError
@@ -297,7 +297,11 @@ class Promotion:
         return Rate(0, 0), f"{control}: fewer than {needed} outcomes in the canary window ({during.total}) and before it ({before.total})"
 
     def _pre_promotion_rate(self, adapter: dict[str, Any]) -> Rate:
-        """Without a canary: the capability's failure rate in the latest analysis pass."""
+        """Without a canary: the capability's failure rate in the latest analysis pass; for a
+        generalist, its agent's over the runs that decided it was wanted."""
+        if generalist.is_generalist(adapter["capability"]):
+            run = self.runs.run(adapter["run_id"]) or {}
+            return Rate(*self.runs.agent_outcomes(run.get("agent") or "", self.settings.generalist.min_trajectories))
         return capability_failure_rate(self.store, adapter["capability"], self.settings.analysis.selection_window)
 
     def _router_call(self, adapter: dict[str, Any], failure: str, call: Any, *arguments: Any) -> bool:

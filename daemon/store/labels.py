@@ -330,7 +330,16 @@ class LabelStore(Tables):
         given): inserted into capability_stats with `store`, else returned as rows."""
         _with_current(tx, current)
         # Outcomes and current labels once per pass.
-        scope = "JOIN trajectories t USING (trajectory_id) WHERE t.service_name = $agent OR t.agent_name = $agent" if agent else ""
+        # Where an agent's generalist is live, the agent's runs count from when it went live: the
+        # selection of targeted adapters runs on the generalist's own traffic, not on the base's.
+        scope = (
+            "JOIN trajectories t USING (trajectory_id) "
+            "LEFT JOIN (SELECT r.agent, max(a.routed_since_ns) AS since FROM adapters a JOIN training_runs r USING (run_id) "
+            "WHERE r.kind = 'generalist' AND a.state = 'live' GROUP BY r.agent) g ON g.agent = t.service_name "
+            "WHERE (g.since IS NULL OR t.start_time_unix_nano >= g.since)"
+        )
+        if agent:
+            scope += " AND (t.service_name = $agent OR t.agent_name = $agent)"
         tx.execute(
             "CREATE OR REPLACE TEMP TABLE pass_trajectories AS "
             f"SELECT o.trajectory_id, o.outcome, o.end_time_unix_nano AS ended FROM trajectory_outcomes o {scope}",

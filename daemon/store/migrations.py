@@ -372,4 +372,24 @@ MIGRATIONS: tuple[Migration, ...] = (
         ALTER TABLE adapters ADD COLUMN baseline VARCHAR;
         """,
     ),
+    Migration(
+        9,
+        "generalist runs",
+        """
+        -- A generalist learns from the agent's successful trajectories, not from an environment; a
+        -- targeted run may start from the agent's generalist (the adapter it continues).
+        ALTER TABLE training_runs ALTER COLUMN environment_id DROP NOT NULL;
+        ALTER TABLE adapters ALTER COLUMN environment_id DROP NOT NULL;
+        ALTER TABLE training_runs ADD COLUMN kind VARCHAR DEFAULT 'targeted';  -- targeted | generalist
+        ALTER TABLE training_runs ADD COLUMN agent VARCHAR;  -- a generalist's agent (service.name)
+        ALTER TABLE training_runs ADD COLUMN starts_from BIGINT;  -- the adapter whose weights it starts from
+        -- The trajectories a generalist run learned from (train) and was scored on (held_out).
+        CREATE TABLE run_trajectories (
+            run_id BIGINT NOT NULL,
+            trajectory_id VARCHAR NOT NULL,
+            part VARCHAR NOT NULL,  -- train | held_out
+            PRIMARY KEY (run_id, trajectory_id)
+        );
+        """,
+    ),
 )

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from daemon.core.generalist import PREFIX as GENERALIST_PREFIX
 from daemon.store.sql import Tables
 
 RUN_STATES = ("queued", "running", "candidate", "rejected_by_eval", "failed")
@@ -32,10 +33,13 @@ class RunStore(Tables):
 
     # -- what to train -------------------------------------------------------------------------
 
-    def environment_to_train(self, validation_enabled: bool, warm_start: bool) -> dict[str, Any] | None:
+    def environment_to_train(
+        self, validation_enabled: bool, warm_start: bool, waiting: Callable[[str | None], bool] = lambda service: False
+    ) -> dict[str, Any] | None:
         """The oldest environment ready for training that has no run yet: validated; or rejected by
         the gate only because the base is too weak, when a warm start is configured; or checked,
-        when validation is off."""
+        when validation is off. Environments of a service for which `waiting(service)` holds (its
+        generalist is on its way) are left for later."""
         rows = _decoded(
             self.store.query(
                 "SELECT e.* FROM environments e WHERE NOT EXISTS "
@@ -46,25 +50,114 @@ class RunStore(Tables):
             )
         )
         for row in rows:
-            if row["status"] != "rejected" or _too_weak(row.get("validation")):
+            if (row["status"] != "rejected" or _too_weak(row.get("validation"))) and not waiting(row.get("service_name")):
                 return row
         return None
 
-    def create_run(self, environment: dict[str, Any], config: dict[str, Any], directory_root: str) -> dict[str, Any]:
-        """A queued run for `environment` as the capability's next adapter version."""
+    def generalists(self, state: str | None = None) -> list[dict[str, Any]]:
+        """Generalist adapters (newest first), in `state` when given."""
+        return _decoded(
+            self.store.query(
+                "SELECT * FROM adapters WHERE starts_with(capability, ?) AND (? IS NULL OR state = ?) ORDER BY adapter_id DESC",
+                [GENERALIST_PREFIX, state, state],
+            )
+        )
+
+    def create_run(
+        self, environment: dict[str, Any], config: dict[str, Any], directory_root: str, starts_from: int | None = None
+    ) -> dict[str, Any]:
+        """A queued run for `environment` as the capability's next adapter version (starting from the
+        weights of adapter `starts_from`, the agent's generalist, when given)."""
         with self.store.transaction() as tx:
             version = tx.execute(
                 "SELECT coalesce(max(version), 0) + 1 FROM training_runs WHERE capability = ?", [environment["capability"]]
             ).fetchall()[0][0]
             run_id = tx.execute(
-                "INSERT INTO training_runs (capability, environment_id, request_id, version, status, directory, config, created_at) "
-                "VALUES (?, ?, ?, ?, 'queued', '', ?, now()) RETURNING run_id",
-                [environment["capability"], environment["environment_id"], environment["request_id"], version, orjson.dumps(config).decode()],
+                "INSERT INTO training_runs (capability, environment_id, request_id, version, status, directory, config, created_at, starts_from) "
+                "VALUES (?, ?, ?, ?, 'queued', '', ?, now(), ?) RETURNING run_id",
+                [environment["capability"], environment["environment_id"], environment["request_id"], version, orjson.dumps(config).decode(),
+                 starts_from],  # fmt: skip
             ).fetchall()[0][0]
             tx.execute("UPDATE training_runs SET directory = ? WHERE run_id = ?", [f"{directory_root}/run-{run_id}", run_id])
             if environment["request_id"] is not None:
                 tx.execute("UPDATE training_requests SET status = 'taken' WHERE request_id = ?", [environment["request_id"]])
         return self.run(run_id)  # type: ignore[return-value]
+
+    def create_generalist_run(
+        self, capability: str, agent: str, config: dict[str, Any], directory_root: str, train: list[str], held_out: list[str]
+    ) -> dict[str, Any]:
+        """A queued generalist run for `agent` as its generalist's next version, with the trajectories it
+        learns from (`train`) and is scored on (`held_out`) recorded beside it."""
+        with self.store.transaction() as tx:
+            version = tx.execute("SELECT coalesce(max(version), 0) + 1 FROM training_runs WHERE capability = ?", [capability]).fetchall()[0][0]
+            run_id = tx.execute(
+                "INSERT INTO training_runs (capability, environment_id, request_id, version, status, directory, config, created_at, kind, agent) "
+                "VALUES (?, NULL, NULL, ?, 'queued', '', ?, now(), 'generalist', ?) RETURNING run_id",
+                [capability, version, orjson.dumps(config).decode(), agent],
+            ).fetchall()[0][0]
+            tx.execute("UPDATE training_runs SET directory = ? WHERE run_id = ?", [f"{directory_root}/run-{run_id}", run_id])
+            parts = [[run_id, trajectory_id, "train"] for trajectory_id in train] + [[run_id, trajectory_id, "held_out"] for trajectory_id in held_out]
+            if parts:
+                tx.executemany("INSERT INTO run_trajectories VALUES (?, ?, ?)", parts)
+        return self.run(run_id)  # type: ignore[return-value]
+
+    def run_trajectories(self, run_id: int) -> dict[str, list[str]]:
+        """The trajectories a generalist run learned from and was scored on: {"train": [...], "held_out": [...]}."""
+        parts: dict[str, list[str]] = {"train": [], "held_out": []}
+        for row in self.store.query("SELECT trajectory_id, part FROM run_trajectories WHERE run_id = ? ORDER BY trajectory_id", [run_id]):
+            parts.setdefault(row["part"], []).append(row["trajectory_id"])
+        return parts
+
+    def generalist_busy(self, capability: str) -> str | None:
+        """Why no new generalist run starts for `capability` now (a run queued or running, or a version
+        waiting for approval, in canary or live), or None."""
+        rows = self.store.query(
+            "SELECT 'run ' || run_id || ' is ' || status AS why FROM training_runs WHERE capability = ? AND status IN ('queued', 'running') "
+            "UNION ALL SELECT 'v' || version || ' is ' || state FROM adapters WHERE capability = ? AND state IN ('candidate', 'approved', 'canary', 'live') "
+            "LIMIT 1",
+            [capability, capability],
+        )
+        return rows[0]["why"] if rows else None
+
+    def agent_outcomes(self, agent: str, last: int) -> tuple[int, int]:
+        """(failed, with an outcome) among the agent's `last` most recent trajectories with a known outcome."""
+        rows = self.store.query(
+            "SELECT count(*) FILTER (WHERE outcome = 'failure') AS failures, count(*) AS total FROM ("
+            "SELECT o.outcome FROM trajectories t JOIN trajectory_outcomes o USING (trajectory_id) "
+            "WHERE (t.service_name = ? OR t.agent_name = ?) AND o.outcome IN ('success', 'failure') "
+            "ORDER BY t.end_time_unix_nano DESC LIMIT ?)",
+            [agent, agent, last],
+        )
+        return int(rows[0]["failures"]), int(rows[0]["total"])
+
+    def agent_names(self) -> list[str]:
+        """Every service that sent trajectories with a known outcome."""
+        rows = self.store.query(
+            "SELECT DISTINCT t.service_name FROM trajectories t JOIN trajectory_outcomes o USING (trajectory_id) "
+            "WHERE o.outcome IN ('success', 'failure') ORDER BY 1"
+        )
+        return [row["service_name"] for row in rows]
+
+    def successes_with_tools_of(self, agent: str, exclude_conversations: list[str], limit: int) -> list[str]:
+        """Successful trajectories an agent's generalist may learn from, newest first, one per distinct
+        first user turn: the agent's own, and any other service's whose tools are the agent's (the
+        same names offered), but none whose conversation id starts with one of `exclude_conversations`."""
+        rows = self.store.query(
+            "WITH offered AS (SELECT trajectory_id, list(tool_name ORDER BY tool_name) AS names FROM trajectory_tools GROUP BY trajectory_id), "
+            "own AS (SELECT list(DISTINCT tt.tool_name ORDER BY tt.tool_name) AS names FROM trajectory_tools tt "
+            "JOIN trajectories t USING (trajectory_id) WHERE t.service_name = ? OR t.agent_name = ?), "
+            "first_user AS (SELECT trajectory_id, min_by(content, position) AS turn FROM messages WHERE role = 'user' GROUP BY trajectory_id), "
+            "eligible AS (SELECT t.trajectory_id, t.end_time_unix_nano, f.turn FROM trajectories t "
+            "JOIN trajectory_outcomes o USING (trajectory_id) JOIN first_user f USING (trajectory_id) "
+            "LEFT JOIN offered USING (trajectory_id) "
+            "WHERE o.outcome = 'success' AND EXISTS (SELECT 1 FROM messages m WHERE m.trajectory_id = t.trajectory_id AND m.role = 'assistant') "
+            "AND (t.service_name = ? OR t.agent_name = ? OR offered.names = (SELECT names FROM own)) "
+            "AND NOT coalesce(list_bool_or(list_transform(?::VARCHAR[], lambda p: starts_with(coalesce(t.conversation_id, ''), p))), false)) "
+            "SELECT trajectory_id FROM (SELECT *, row_number() OVER (PARTITION BY turn ORDER BY end_time_unix_nano DESC, trajectory_id) AS n FROM eligible) "
+            "WHERE n = 1 ORDER BY end_time_unix_nano DESC, trajectory_id LIMIT ?",
+            [agent, agent, agent, agent, exclude_conversations, limit],
+        )
+        return [row["trajectory_id"] for row in rows]
 
     def next_queued(self) -> dict[str, Any] | None:
         rows = _decoded(self.store.query("SELECT * FROM training_runs WHERE status = 'queued' ORDER BY run_id LIMIT 1"))

@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field
 
+from daemon.core import generalist
 from daemon.app.routes.dependencies import Caller, CurrentDaemon, Limit
 from daemon.promotion.lifecycle import IllegalTransition, NotFound
 from daemon.promotion.router_client import RouterError
@@ -48,7 +49,36 @@ def adapter(adapter_id: int, daemon: CurrentDaemon) -> dict[str, Any]:
     item = daemon.runs.adapter(adapter_id)
     if item is None:
         raise HTTPException(404, f"no adapter {adapter_id}")
-    return {**item, "routing": daemon.promotion.routing(item)}
+    run = daemon.runs.run(item["run_id"]) or {}
+    return {**item, "kind": run.get("kind") or "targeted", "agent": run.get("agent"), "starts_from": run.get("starts_from"),
+            "routing": daemon.promotion.routing(item)}  # fmt: skip
+
+
+@router.get("/api/adapters/{adapter_id}/trajectories")
+def learned_from(adapter_id: int, daemon: CurrentDaemon) -> dict[str, Any]:
+    """The stored trajectories a generalist learned from (``train``) and was scored on (``held_out``);
+    empty for an adapter trained on an environment."""
+    item = daemon.runs.adapter(adapter_id)
+    if item is None:
+        raise HTTPException(404, f"no adapter {adapter_id}")
+    return {"adapter_id": adapter_id, **daemon.runs.run_trajectories(item["run_id"])}
+
+
+@router.get("/api/generalists")
+def generalists(daemon: CurrentDaemon) -> dict[str, Any]:
+    """Each agent the generalist stage has looked at: why its generalist is not training now (or
+    null), and its generalist's versions."""
+    waiting = dict(daemon.training.generalist.waiting)
+    versions = daemon.runs.generalists()
+    agents = sorted({*waiting, *(run["agent"] for run in daemon.runs.runs(limit=1000) if run.get("kind") == "generalist")})
+    return {
+        "enabled": daemon.settings.generalist.enabled,
+        "items": [
+            {"agent": agent, "capability": generalist.capability(agent), "waiting": waiting.get(agent),
+             "adapters": [item for item in versions if item["capability"] == generalist.capability(agent)]}
+            for agent in agents
+        ],
+    }  # fmt: skip
 
 
 @router.post("/api/adapters/{adapter_id}/approve")

@@ -71,6 +71,14 @@ def runs(daemon: CurrentDaemon, capability: str | None = None) -> dict[str, Any]
     return {"items": items}
 
 
+@router.get("/api/runs/{run_id}/trajectories")
+def run_trajectories(run_id: int, daemon: CurrentDaemon) -> dict[str, Any]:
+    """The stored trajectories a generalist run learned from (``train``) and was scored on (``held_out``)."""
+    if daemon.runs.run(run_id) is None:
+        raise HTTPException(404, f"no training run {run_id}")
+    return {"run_id": run_id, **daemon.runs.run_trajectories(run_id)}
+
+
 @router.get("/api/runs/{run_id}")
 def run(run_id: int, daemon: CurrentDaemon) -> dict[str, Any]:
     """One run with its step-by-step progress and, once finished, its evaluation report."""
