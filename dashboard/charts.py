@@ -277,3 +277,46 @@ def routed_failure_rates(rows: Iterable[Mapping[str, Any]]) -> alt.LayerChart:
         x="rate:Q", tooltip=["who", "arm", alt.Tooltip("rate:Q", format=".2f"), "low", "high", "trajectories"]
     )
     return (bars + points).properties(height=alt.Step(18))
+
+
+NEXT_ACTION_MEASURES = (
+    ("next action", "matched"),
+    ("tool only", "tool_matched"),
+    ("tool-call turns", "call"),
+    ("reply turns", "answer"),
+    ("whole conversations", "conversations"),
+)
+
+
+def next_action(report: Mapping[str, Any]) -> alt.LayerChart:
+    """A generalist's held-out next-action accuracy, base vs adapter with 95 % intervals, per measure
+    (any turn, the tool alone, call turns, reply turns, conversations with every turn right); the
+    tick on "next action" is base + margin, the bar it had to beat."""
+    records = []
+    for measure, key in NEXT_ACTION_MEASURES:
+        for model in ("base", "adapter"):
+            score = (report.get(model) or {}).get(key) or {}
+            if not score.get("total"):
+                continue
+            low, high = (score.get("interval") or [None, None])[:2]
+            records.append({"measure": measure, "model": model, "accuracy": score.get("rate"), "low": low, "high": high,
+                            "hits": f"{score.get('hits')} / {score.get('total')}"})  # fmt: skip
+    frame = pd.DataFrame(records, columns=["measure", "model", "accuracy", "low", "high", "hits"])
+    colors = alt.Scale(domain=["base", "adapter"], range=[OTHER, "#2ca02c"])
+    base = alt.Chart(frame).encode(
+        y=alt.Y("measure:N", title=None, sort=None), yOffset="model:N", color=alt.Color("model:N", scale=colors, title=None)
+    )
+    axis = alt.X("low:Q", title="held-out next-action accuracy", scale=alt.Scale(domain=[0, 1]))
+    bars = base.mark_errorbar(ticks=True).encode(x=axis, x2="high:Q")
+    points = base.mark_point(filled=True, size=70).encode(
+        x="accuracy:Q", tooltip=["measure", "model", alt.Tooltip("accuracy:Q", format=".2f"), "low", "high", "hits"]
+    )
+    chart = bars + points
+    matched = (report.get("base") or {}).get("matched") or {}
+    if matched.get("total") and report.get("margin") is not None:
+        needed = min(1.0, matched.get("rate", 0.0) + float(report["margin"]))
+        bar = pd.DataFrame({"measure": ["next action"], "needed": [needed], "label": [f"base + margin {needed:.2f}"]})
+        marker = alt.Chart(bar).encode(y=alt.Y("measure:N", sort=None), x="needed:Q")
+        chart += marker.mark_tick(color=THRESHOLD, thickness=3, size=30)
+        chart += marker.mark_text(color=THRESHOLD, dy=-14).encode(text="label:N")
+    return chart.properties(height=alt.Step(16))

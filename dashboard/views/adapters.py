@@ -1,6 +1,8 @@
 """Adapters: each candidate with its evaluation report (held-out base vs adapter with intervals,
-interference on the other capabilities' environments, replay of real failures), Approve / Reject /
-Rollback calling the daemon API with the configured token, every adapter's state, and the audit log."""
+interference on the other capabilities' environments, replay of real failures; for an agent's
+generalist, its next actions on held-out successful conversations and the trajectories it learned
+from), Approve / Reject / Rollback calling the daemon API with the configured token, every adapter's
+state, and the audit log."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from daemon.app.client import ApiError, DaemonClient
-from dashboard import charts
+from dashboard import charts, generalist
 from dashboard.page import PageContext, interval, rate, show
 
 DECISION = "adapter_decision"
@@ -119,20 +121,34 @@ def render_routed(routing: Mapping[str, Any] | None) -> None:
         st.caption(verdict["reason"])
 
 
-def render_adapter(api: DaemonClient, adapter: Mapping[str, Any], actions: tuple[str, ...]) -> None:
-    """One adapter with its report and the decisions its state allows."""
+def render_adapter(api: DaemonClient, adapter: Mapping[str, Any], actions: tuple[str, ...], names: Mapping[int, str]) -> None:
+    """One adapter with its report and the decisions its state allows; `names` are the served
+    names of the adapters by id (what a targeted adapter started from)."""
     adapter_id = adapter["adapter_id"]
     name = f"{adapter['capability']}@v{adapter['version']}"
+    detail = api.get(f"/api/adapters/{adapter_id}")
+    evaluation = adapter.get("evaluation") or {}
     with st.container(border=True):
-        st.subheader(f"{name} · adapter {adapter_id} · {adapter['state']}")
-        st.caption(
-            f"run {adapter['run_id']} · environment {adapter['environment_id']} · created {adapter['created_at']} · {adapter['path']}"
-        )
+        if detail.get("kind") == "generalist":
+            st.subheader(f"{generalist.title(adapter['capability'])} · {name} · adapter {adapter_id} · {adapter['state']}")
+            origin = f"learned by imitation from {detail.get('agent') or 'its agent'}'s successful runs"
+        else:
+            st.subheader(f"{name} · adapter {adapter_id} · {adapter['state']}")
+            origin = f"environment {adapter['environment_id']}"
+            start = detail.get("starts_from")
+            if start is not None:
+                origin += f" · starts from {names.get(start) or f'adapter {start}'}"
+        st.caption(f"run {adapter['run_id']} · {origin} · created {adapter['created_at']} · {adapter['path']}")
         if adapter.get("last_error"):
             st.warning(f"Not live yet: {adapter['last_error']}", icon=":material/sync_problem:")
         if adapter["state"] in ("canary", "live"):
-            render_routed(api.get(f"/api/adapters/{adapter_id}").get("routing"))
-        render_evaluation(adapter.get("evaluation") or {})
+            render_routed(detail.get("routing"))
+        if evaluation.get("kind") == "next_action":
+            generalist.render_evaluation(evaluation)
+        else:
+            render_evaluation(evaluation)
+        if detail.get("kind") == "generalist":
+            generalist.render_trajectories(api, adapter_id)
         reason_key = f"reason_{adapter_id}"
         required = " (required to reject or roll back)" if NEEDS_REASON & set(actions) else ""
         st.text_input(f"Reason{required}", key=reason_key, placeholder="why, for the audit log")
@@ -148,7 +164,9 @@ def render_adapter(api: DaemonClient, adapter: Mapping[str, Any], actions: tuple
 def adapter_table(items: list[Mapping[str, Any]]) -> pd.DataFrame:
     rows = []
     for item in items:
-        target = (item.get("evaluation") or {}).get("target") or {}
+        evaluation = item.get("evaluation") or {}
+        target = evaluation.get("target") or {}
+        next_action = evaluation.get("kind") == "next_action"
         rows.append(
             {
                 "adapter": item["adapter_id"],
@@ -157,13 +175,18 @@ def adapter_table(items: list[Mapping[str, Any]]) -> pd.DataFrame:
                 "base → adapter success": (
                     f"{rate(target['base']['success_rate'])} → {rate(target['adapter']['success_rate'])}" if target else "—"
                 ),
+                # A generalist is scored on next actions in held-out conversations, not on an environment.
+                "base → adapter next action": generalist.accuracy(evaluation) if next_action else "—",
                 "why": item.get("state_reason") or "",
                 "router error": item.get("last_error") or "",
                 "created": item.get("created_at"),
                 "updated": item.get("updated_at"),
             }
         )
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    if not any((item.get("evaluation") or {}).get("kind") == "next_action" for item in items):
+        frame = frame.drop(columns="base → adapter next action", errors="ignore")
+    return frame
 
 
 def render(context: PageContext) -> None:
@@ -187,24 +210,25 @@ def render(context: PageContext) -> None:
     approved = [item for item in adapters if item["state"] == "approved"]
     canaries = [item for item in adapters if item["state"] == "canary"]
     live = [item for item in adapters if item["state"] == "live"]
+    names = {item["adapter_id"]: f"{item['capability']}@v{item['version']}" for item in adapters}
     if adapters:
         st.header(f"Candidates ({len(candidates)})")
         if not candidates:
             st.caption("No candidate waits for a decision.")
         for adapter in candidates:
-            render_adapter(api, adapter, ("approve", "reject"))
+            render_adapter(api, adapter, ("approve", "reject"), names)
     if approved:
         st.header("Approved, going live")
         for adapter in approved:
-            render_adapter(api, adapter, ("reject",))
+            render_adapter(api, adapter, ("reject",), names)
     if canaries:
         st.header("Canaries")
         for adapter in canaries:
-            render_adapter(api, adapter, ("rollback",))
+            render_adapter(api, adapter, ("rollback",), names)
     if live:
         st.header("Live")
         for adapter in live:
-            render_adapter(api, adapter, ("rollback",))
+            render_adapter(api, adapter, ("rollback",), names)
     if adapters:
         st.header("All versions")
         st.dataframe(adapter_table(adapters), hide_index=True)

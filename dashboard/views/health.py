@@ -1,7 +1,8 @@
 """Capability health: per capability, how often failed and successful runs lack it, the gap (Δ), its
 coverage, the failure rate with its interval and the trend over analysis passes, with the paper's
 selection thresholds drawn. Selected capabilities (those that trigger training) are highlighted; when
-failed runs go unexplained while only rules label them, the daemon's diagnosis is shown above the table."""
+failed runs go unexplained while only rules label them, the daemon's diagnosis is shown above the table.
+Below, per agent, its generalist's state or why it waits."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard import charts
+from dashboard import charts, generalist
 from dashboard.capability_table import health_table, render_table, stats_row
 from dashboard.page import PageContext, no_traces, show
 
@@ -117,6 +118,7 @@ def render(context: PageContext) -> None:
     history = [row for rows_of in histories.values() for row in rows_of]
     render_charts(rows, history, context)
     render_states(items)
+    generalist.render_overview(api)
 
 
 show(render)

@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, conversation
+from dashboard import charts, conversation, generalist
 from dashboard.page import PageContext, rate, show
 from daemon.app.client import ApiError
 from daemon.core.progress import checkpoints_text, grpo_added_text, grpo_steps, progress_text
@@ -200,6 +200,8 @@ def render_run(run: Mapping[str, Any]) -> None:
         summary = f"Verdict **{result.get('verdict')}** after {result.get('steps', '?')} steps in {result.get('seconds', '?')} s"
         if target:
             summary += f": held-out success {rate(target['adapter']['success_rate'])} vs base {rate(target['base']['success_rate'])}"
+        elif evaluation.get("kind") == "next_action":
+            summary += f": held-out next action {generalist.accuracy(evaluation)} (base → adapter)"
         st.markdown(summary + ".")
         for reason in evaluation.get("reasons") or []:
             st.caption(reason)
