@@ -74,6 +74,18 @@ def _rate(record: dict[str, Any] | None) -> str:
     return f"{record['rate']:.2f} [{low:.2f}, {high:.2f}] ({record['count']}/{record['total']})"
 
 
+def _next_action(evaluation: dict[str, Any]) -> str:
+    base, adapter, difference = evaluation["base"]["matched"], evaluation["adapter"]["matched"], evaluation["difference"]
+    low, high = difference["interval"]
+    return (
+        f"base {base['rate']:.2f} [{base['interval'][0]:.2f}, {base['interval'][1]:.2f}] → adapter {adapter['rate']:.2f} "
+        f"[{adapter['interval'][0]:.2f}, {adapter['interval'][1]:.2f}] of {evaluation['turns']} turns (paired {difference['rate']:+.2f} "
+        f"[{low:+.2f}, {high:+.2f}], McNemar p {difference['mcnemar_p']:.2f}); the call alone: base {evaluation['base']['call']['rate']:.2f} → "
+        f"{evaluation['adapter']['call']['rate']:.2f}, its tool: {evaluation['base']['call_tool']['rate']:.2f} → "
+        f"{evaluation['adapter']['call_tool']['rate']:.2f}; learned from {evaluation['learned_from']} conversations"
+    )
+
+
 def _score(score: dict[str, Any]) -> str:
     low, high = score["success_interval"]
     return f"{score['success_rate']:.2f} [{low:.2f}, {high:.2f}] on {score['seeds']} seeds, mean reward {score['mean_reward']:.2f}"
@@ -102,10 +114,30 @@ def render(report: dict[str, Any], command: str) -> str:
             f"LACKING in {share_text(stats.get('er_minus'))} of failed runs that need it vs {share_text(stats.get('er_plus'))} of successful ones |"
         )
     for name, evaluation in report["candidates"].items():
+        if evaluation.get("kind") == "next_action":
+            lines.append(f"| generalist `{name}`, next action on {evaluation['conversations']} held-out successful conversations | {_next_action(evaluation)} |")
+            continue
         target = evaluation["target"]
         lines.append(f"| held-out, `{name}` | base {_score(target['base'])} → adapter {_score(target['adapter'])} |")
         if added := grpo_added_text(evaluation.get("grpo_added")):
             lines.append(f"| what GRPO added, `{name}` | {added} |")
+    panel = report.get("panel") or {}
+    for period, record in (report.get("success") or {}).items():
+        if record.get("total"):
+            lines.append(f"| task success on the panel ({panel.get('goals', '?')} goals), {period} | {_rate(record)} |")
+    for pair in report.get("paired") or []:
+        lines.append(
+            f"| task success, {pair['to']} vs {pair['from']}, paired on {pair['goals']} goals (first conversation of each) | "
+            f"{pair['before']} → {pair['after']} goals met: {pair['difference']:+.2f} [{pair['interval'][0]:+.2f}, {pair['interval'][1]:+.2f}], "
+            f"McNemar p {pair['mcnemar_p']:.2f} |"
+        )
+    for check in report.get("learned_from") or []:
+        lines.append(
+            f"| what `{check['adapter']}` learned from | {check['learned_from']} successful conversations ({check['held_out']} more held out); "
+            f"panel conversations among them: {check['panel_conversations']}; naming a panel customer (id and name): "
+            f"{check['panel_customers']}; naming a panel reservation: {check['panel_reservations']} (panel seeds 0–{len(check['panel_seeds']) - 1}, "
+            f"the flows' from {check['flow_seeds_from']}) |"
+        )
     failure, lacking = report.get("failure", {}), report.get("lacking", {})
     lines.append(f"| model-driven task failure, before → after | {_rate(failure.get('before'))} → {_rate(failure.get('after'))} |")
     if lacking:

@@ -113,12 +113,14 @@ class Router:
     """A router of its own on the demo's settings (fresh port and token, no span export), started
     and stopped by the supervisor `tracefix up` uses; its log is the demo's logs/router.log."""
 
-    def __init__(self, demo: Path, threads: int) -> None:
+    def __init__(self, demo: Path, threads: int, variables: dict[str, str] | None = None) -> None:
+        """`variables`: further TRACEFIX_* settings of this router (they override the demo's)."""
         _, added = demo_settings(demo)
         port = free_port()
         os.environ.update({
             **added, "TRACEFIX_ROUTER_PORT": str(port), "TRACEFIX_ROUTER_TOKEN": secrets.token_hex(16),
             "TRACEFIX_ROUTER_EXPORT_SPANS": "false", "TRACEFIX_MODEL_THREADS": str(threads), "TRACEFIX_ROUTER_ROUTING": "off",
+            **(variables or {}),
         })  # fmt: skip
         self.config = demo / "demo.toml"
         self.settings = load_settings(self.config, dict(os.environ))
@@ -134,42 +136,56 @@ class Router:
         self.supervisor.stop()
 
 
+def load_adapter(admin: RouterAdmin, adapter: dict[str, Any]) -> str:
+    """Load one of the demo's adapters (a row of `targeted_adapters`) live; its served name."""
+    name = f"{adapter['capability']}@v{adapter['version']}"
+    admin.load(name, adapter["capability"], adapter["version"], adapter["path"], adapter["capability"].replace("_", " "))
+    return name
+
+
 def run_arm(router: Router, arm: str, adapters: list[dict[str, Any]], imitation: Path, repeats: int, batches: int) -> dict[str, Any]:
     """The model-driven agent over the panel's first `batches` batches (`repeats` times) with this
     arm serving it."""
-    from examples.airline.progress import step_table
-    from examples.airline.runner import run_conversations
-
     admin = RouterAdmin(router.settings)
     model = "base"
     if arm == "base":
         admin.set_routing("off")
     elif arm == "targeted":
         for adapter in adapters:
-            name = f"{adapter['capability']}@v{adapter['version']}"
-            admin.load(name, adapter["capability"], adapter["version"], adapter["path"], adapter["capability"].replace("_", " "))
+            load_adapter(admin, adapter)
         admin.set_routing("classifier")
     else:
         admin.load(f"{CAPABILITY}@v1", CAPABILITY, 1, str(imitation), "imitation of the agent's successful conversations")
         model = f"{CAPABILITY}@v1"
+    result = run_panel(router, arm, model, repeats, batches)
+    if arm == "imitation":
+        admin.unload(model)
+    return result
+
+
+def run_panel(router: Router, arm: str, model: str, repeats: int, batches: int) -> dict[str, Any]:
+    """The model-driven agent over the panel's first `batches` batches (`repeats` times), asking
+    the router for `model` (the base name lets its routing choose): the arm's task success with its
+    95 % Wilson interval, how far each goal got, and each conversation's goal and outcome."""
+    from examples.airline.progress import step_table
+    from examples.airline.runner import run_conversations
+
     outcomes = []
     started = time.monotonic()
-    settings = router.settings
     for repeat in range(repeats):
         for seed in range(batches):
-            config = model_driven(f"{router.url}/v1", None, settings.model.max_new_tokens)
+            config = model_driven(f"{router.url}/v1", None, router.settings.model.max_new_tokens)
             outcomes += run_conversations(seed=seed, model=model, run_id=f"{arm}-{repeat}-{seed}", **config)
             done = sum(outcome.success for outcome in outcomes)
             print(f"  {arm}: {done}/{len(outcomes)} succeeded after panel batch {seed} (pass {repeat + 1})", file=sys.stderr, flush=True)
-    if arm == "imitation":
-        admin.unload(model)
     successes = sum(outcome.success for outcome in outcomes)
     low, high = wilson(successes, len(outcomes))
     return {
         "arm": arm, "model": model, "conversations": len(outcomes), "successes": successes,
-        "rate": successes / len(outcomes), "interval": [round(low, 4), round(high, 4)],
+        "rate": successes / len(outcomes) if outcomes else 0.0, "interval": [round(low, 4), round(high, 4)],
         "seconds": round(time.monotonic() - started, 1),
         "goal_steps": step_table(outcome.progress for outcome in outcomes if outcome.progress),
+        "outcomes": [{"conversation": outcome.conversation_id, "goal": outcome.task_id, "success": outcome.success} for outcome in outcomes],
     }  # fmt: skip
 
 

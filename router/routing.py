@@ -18,6 +18,10 @@ canary version left is forgotten and the conversation routed afresh. The memory 
 `CONVERSATIONS` conversations and is the process's. A request without an id is classified on its
 first user turn each time (cached).
 
+With ``hold_conversations`` false (``[router] hold_conversations``) the table keeps no memory of
+conversations: every request is classified on its own, on its latest user turn (what is being asked
+now) rather than its first (what the task is). A canary still keeps a conversation on its arm.
+
 A generalist (``daemon.core.generalist``: the capability ``generalist.<agent>``) is its agent's
 default, not a classifier candidate: where the classifier picks the base model (or has no targeted
 candidate, or no first user turn to read), the generalist of the agent the request names in
@@ -121,7 +125,8 @@ class Lease:
 
 
 def classifier_messages(first_user: str, options: Sequence[tuple[str, str]]) -> list[dict[str, str]]:
-    """The classifier's prompt: each label with its capability's description, then the first user turn."""
+    """The classifier's prompt: each label with its capability's description, then the user turn it
+    routes on (the first; the latest when conversations are not held)."""
     listing = "".join(f"{label}: {description}\n" for label, description in options)
     system = f"{CLASSIFIER_INSTRUCTIONS}{listing}{BASE}: none of the above; answer as a general assistant."
     return [{"role": "system", "content": system}, {"role": "user", "content": first_user[:CLASSIFIER_CHARS]}]
@@ -165,8 +170,11 @@ class Classifier:
 class RoutingTable:
     """Live adapters, the mode, and the leases requests hold on adapter versions."""
 
-    def __init__(self, backend: Backend, mode: str = "classifier", fixed: str | None = None) -> None:
+    def __init__(
+        self, backend: Backend, mode: str = "classifier", fixed: str | None = None, hold_conversations: bool = True
+    ) -> None:
         self.backend = backend
+        self.hold_conversations = hold_conversations  # false: every request classified on its latest user turn
         self.classifier = Classifier(backend)
         self.adapters: dict[str, LiveAdapter] = {}
         self.current: dict[str, str] = {}  # capability -> the version its traffic goes to
@@ -189,20 +197,29 @@ class RoutingTable:
     # -- requests ---------------------------------------------------------------------------------
 
     def acquire(
-        self, pinned: str | None, first_user: str | None, conversation: str | None = None, agent: str | None = None
+        self,
+        pinned: str | None,
+        first_user: str | None,
+        conversation: str | None = None,
+        agent: str | None = None,
+        latest_user: str | None = None,
     ) -> Lease:
         """Route one request and hold its adapter version until `release`. `pinned` is a live adapter
         name the client asked for by model name; otherwise the mode decides. `conversation` (the
         client's conversation id) holds a conversation's classifier choice and keeps it on one canary
         arm; without it, its first user turn keeps the arm. `agent` names whose generalist serves
-        where the classifier picks no targeted capability."""
+        where the classifier picks no targeted capability. `latest_user`, the request's last user
+        turn, is what the classifier reads instead of the first when conversations are not held."""
         started = time.perf_counter()
-        lease = self._route(pinned, first_user, conversation, agent)
+        lease = self._route(pinned, first_user, conversation, agent, latest_user)
         metrics.ROUTING_SECONDS.labels(lease.reason).observe(time.perf_counter() - started)
         return lease
 
-    def _route(self, pinned: str | None, first_user: str | None, conversation: str | None, agent: str | None) -> Lease:
+    def _route(
+        self, pinned: str | None, first_user: str | None, conversation: str | None, agent: str | None, latest_user: str | None
+    ) -> Lease:
         unit = conversation or first_user
+        turn = first_user if self.hold_conversations else latest_user or first_user
         with self._lock:
             if pinned is not None:
                 adapter = self.adapters.get(pinned)
@@ -219,7 +236,7 @@ class RoutingTable:
                 lease = self._hold(GATE, list(self.gate.adapters))
                 lease.adapter, lease.gate = GATE, self.gate
                 return lease
-            held = self._recall(conversation)
+            held = self._recall(conversation) if self.hold_conversations else None
             if held is not None:
                 return self._serve("held", None if held == BASE else held, unit)
             candidates = [
@@ -229,12 +246,13 @@ class RoutingTable:
             ][: len(LABELS)]
         # The forward pass runs outside the table lock; a swap meanwhile sends the request to the
         # capability's new version, as it would any request that starts after the swap.
-        capability = self.classifier.choose(first_user, candidates) if candidates and first_user else None
+        capability = self.classifier.choose(turn, candidates) if candidates and turn else None
         with self._lock:
             reason = "classifier"
             if capability is None and (default := self._generalist(agent)) is not None:
                 capability, reason = default, "generalist"
-            if conversation is not None and first_user:  # without a user turn nothing was chosen yet
+            # Without a user turn nothing was chosen yet.
+            if self.hold_conversations and conversation is not None and first_user:
                 self._remember(conversation, capability)
             return self._serve(reason, capability, unit)
 
@@ -493,6 +511,7 @@ class RoutingTable:
                     for capability, name in sorted(self.canaries.items())
                 },
                 "adapters": [adapter.describe() for _, adapter in sorted(self.adapters.items())],
+                "hold_conversations": self.hold_conversations,
                 "held_conversations": len(self.conversations),
             }
 

@@ -80,7 +80,7 @@ def create_app(settings: Settings, backend: Backend) -> FastAPI:
     The routes reach the backend, its routing table, the telemetry and the settings on `app.state`.
     """
     telemetry = Telemetry(settings.router, spans_endpoint(settings))
-    table = RoutingTable(backend, settings.router.routing, settings.router.fixed_adapter)
+    table = RoutingTable(backend, settings.router.routing, settings.router.fixed_adapter, settings.router.hold_conversations)
     app = FastAPI(title="tracefix router", version=VERSION)
     app.state.settings, app.state.started = settings.router, int(time.time())
     app.state.token = router_token(settings, create=True)

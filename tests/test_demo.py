@@ -262,3 +262,53 @@ def test_a_run_whose_time_ends_before_after_still_closes_with_what_it_measured()
     measured["lacking"]["after"] = {"count": 3, "total": 24}
     assert "after: 0.12" in (lacking_text(measured) or "")
     assert lacking_text({"capability": "tool_call_precision"}) is None
+
+
+def test_the_generalist_has_periods_of_its_own_before_the_targeted_adapters() -> None:
+    """Before (the base alone) → the generalist's canary → the generalist alone → the targeted
+    adapter's canary → after (both): each conversation counts in the period it finished in, and task
+    success is compared paired on the same goals (each goal's first conversation in each period)."""
+    from daemon.app.demo import Narrator, Tally, success_text
+
+    lines: list[str] = []
+    tally = Tally()
+    narrator = Narrator(None, tally, False, "http://127.0.0.1:8501", lines.append)  # type: ignore[arg-type]
+    generalist = {"adapter_id": 1, "capability": "generalist.airline-support-agent", "version": 1}
+    targeted = {"adapter_id": 2, "capability": "tool_call_precision", "version": 1}
+    for goal in "wxyz":
+        tally.add(f"before-{goal}", goal == "w", goal=goal)
+    tally.add("before-again", True, goal="x")  # a goal's second conversation in a period is not its pair
+    narrator._adapters([{**generalist, "state": "canary"}], {})
+    tally.add("g-canary", True, goal="w")
+    narrator._adapters([{**generalist, "state": "live"}], {})
+    for goal in "wxyz":
+        tally.add(f"generalist-{goal}", goal in "wxy", goal=goal)
+    narrator._adapters([{**generalist, "state": "live"}, {**targeted, "state": "canary"}], {})
+    tally.add("t-canary", False, goal="x")
+    narrator._adapters([{**generalist, "state": "live"}, {**targeted, "state": "live"}], {})
+    for goal in "wxyz":
+        tally.add(f"after-{goal}", True, goal=goal)
+    assert list(tally.outcomes) == ["before", "generalist canary", "generalist", "canary", "after"]
+    assert (len(tally.before), tally.outcomes["generalist canary"], len(tally.after)) == (5, {"g-canary": True}, 4)
+    assert narrator.generalist == "generalist.airline-support-agent@v1" and narrator.lives == ["tool_call_precision"]
+    assert lines[1] == "generalist.airline-support-agent@v1, the agent's generalist, is live: the agent's conversations from now on count as 'generalist'"
+    paired = tally.paired("before", "generalist")
+    # w met in both; x and y met only with the generalist; z in neither: 1 → 3 of 4 goals.
+    assert (paired["goals"], paired["before"], paired["after"], paired["after_only"], paired["before_only"]) == (4, 1, 3, 2, 0)
+    assert paired["difference"] == 0.5 and paired["interval"][0] < 0.5 < paired["interval"][1] and paired["mcnemar_p"] == 0.5
+    assert tally.paired("before", "nothing") is None
+    measured = {"success": {"before": {"count": 2, "total": 5}, "after": {"count": 4, "total": 4}}, "paired": [tally.paired("before", "after")]}
+    text = success_text(measured)
+    assert text.startswith("task success on the panel — before: 0.40 [") and "after: 1.00 [" in text
+    assert "paired: after vs before on 4 goals +0.75 [" in text and "McNemar p 0.25" in text
+
+
+def test_a_generalist_candidate_is_narrated_by_its_next_actions() -> None:
+    from daemon.app.demo import candidate_text
+
+    rate = lambda value, low, high: {"rate": value, "interval": [low, high]}  # noqa: E731
+    evaluation = {"kind": "next_action", "learned_from": 32, "turns": 40, "adapter": {"matched": rate(0.6, 0.45, 0.74)},
+                  "base": {"matched": rate(0.1, 0.04, 0.23)}}  # fmt: skip
+    assert candidate_text(evaluation) == (
+        "the agent's generalist, learned from 32 successful conversations: next action right on 0.60 [0.45, 0.74] of 40 held-out turns vs base 0.10"
+    )

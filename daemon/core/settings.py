@@ -487,6 +487,12 @@ class RouterSettings(Section):
     fixed_adapter: str | None = Field(
         None, description="With routing 'fixed': the adapter (or 'base') every request uses.", examples=["tool_call_precision@v1"]
     )
+    hold_conversations: bool = Field(
+        True,
+        description="Classifier routing: a conversation (metadata.conversation_id) is classified on its first request, on"
+        " its first user turn, and that choice is held for the rest of it; false = no conversation is held, and each"
+        " request is classified on its own, on its latest user turn.",
+    )
     max_new_tokens: int = Field(256, ge=1, description="Default max_tokens of a completion.")
     max_context_tokens: int = Field(8192, ge=256, description="Longer prompts are refused with a context_length_exceeded error.")
     max_batch: int = Field(8, ge=1, description="Most sequences generated together in one batch.")

@@ -7,6 +7,11 @@ run (the capability's next adapter version): its progress is read from the run d
 trains; its verdict is `candidate` (an adapter row is written, the capability moves to
 `candidate`), `rejected_by_eval` (the capability cools down) or `failed`. A stopped daemon kills the
 run and leaves it `queued`; after a restart it resumes from its checkpoints.
+
+Before any environment, an agent that fails often gets its generalist (`daemon/pipeline/generalist.py`):
+a run of kind `generalist` learns the successful runs of its tools by imitation. The agent's
+environments wait while it is on its way, and once it is live each targeted run starts from its
+weights (the request's `starts_from`).
 """
 
 from __future__ import annotations

@@ -148,7 +148,8 @@ async def _submit(
         raise ApiError(400, str(error), param="messages") from None
     max_tokens = completion_budget(len(prompt), chat.requested_tokens, backend.context_tokens, settings.max_new_tokens)
     try:
-        lease = await run_in_threadpool(table.acquire, pinned, chat.first_user_turn(), chat.conversation_id, chat.agent)
+        latest = None if table.hold_conversations else latest_user_turn(chat)
+        lease = await run_in_threadpool(table.acquire, pinned, chat.first_user_turn(), chat.conversation_id, chat.agent, latest)
     except UnknownAdapter:  # retired between the check and the lease
         raise model_not_found(chat.model) from None
     except BackendUnavailable as error:  # the classifier could not ask the model
@@ -168,6 +169,11 @@ async def _submit(
         backend.submit(call.generation)
     except RuntimeError as error:
         raise ApiError(503, str(error), kind="server_error") from None
+
+
+def latest_user_turn(chat: ChatRequest) -> str | None:
+    """The request's last user turn: what the classifier reads when conversations are not held."""
+    return next((message.text() for message in reversed(chat.messages) if message.role == "user"), None)
 
 
 def completion_budget(prompt_tokens: int, requested: int | None, limit: int, default: int) -> int:
