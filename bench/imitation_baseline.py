@@ -43,6 +43,7 @@ from daemon.store.runs import RunStore  # noqa: E402
 from daemon.store.store import Store, StoreError  # noqa: E402
 from daemon.store.traces import TrajectoryStore  # noqa: E402
 from router.protocol import stored_prompt_messages  # noqa: E402
+from router.routing import adapter_name  # noqa: E402
 
 CAPABILITY = "imitation_baseline"  # the imitation adapter's name in the router: imitation_baseline@v1
 ARMS = ("base", "targeted", "imitation")
@@ -138,7 +139,7 @@ class Router:
 
 def load_adapter(admin: RouterAdmin, adapter: dict[str, Any]) -> str:
     """Load one of the demo's adapters (a row of `targeted_adapters`) live; its served name."""
-    name = f"{adapter['capability']}@v{adapter['version']}"
+    name = adapter_name(adapter["capability"], adapter["version"])
     admin.load(name, adapter["capability"], adapter["version"], adapter["path"], adapter["capability"].replace("_", " "))
     return name
 
