@@ -268,3 +268,35 @@ def test_a_targeted_adapter_starts_from_the_generalist_and_carries_it(tmp_path: 
     assert written[0] != written[1]  # what the generalist learned shows in what it writes
     with pytest.raises(ValueError, match="LoRA r, alpha, targets"):
         load_policy(wide_tiny_model, TrainingSettings(lora_r=16, threads=1), generalist_path)
+
+
+def test_an_environment_selected_before_the_generalist_went_live_waits_to_be_selected_again_on_its_traffic(tmp_path: Path) -> None:
+    from daemon.core.settings import Settings
+    from daemon.pipeline.training_runner import TrainingRunner
+    from daemon.store.store import AnalysisStore
+    from trainer.environment import Environment, load_tools
+    from trainer.families import load_families
+
+    family = load_families()["tool_call_precision"]
+    store = Store(StoreSettings(path=tmp_path / "tracefix.duckdb"))
+    try:
+        analysis, runs = AnalysisStore(store), RunStore(store)
+        tools = [{key: value for key, value in tool.items() if key != "type"} for tool in TOOLS]
+        environment = Environment(family, load_tools(tools), family.levels[0])
+        analysis.add_environment(family.capability, environment.spec(), AGENT, tools, None, "checked", {"passed": True})
+        runner = TrainingRunner(analysis, runs, Settings(store=StoreSettings(path=tmp_path / "tracefix.duckdb")))
+        assert runs.environment_to_train(False, True, runner._waits)["environment_id"] == 1  # no generalist: it trains
+        run = runs.create_generalist_run(GENERALIST, AGENT, {}, str(tmp_path / "runs"), [], [])
+        runs.set_run_status(run["run_id"], "queued", "running")
+        adapter_id = runs.add_candidate(run, "unused", "x", {"evaluation": {}})
+        runs.transition(adapter_id, "live", "test", "test", "go_live", lambda state: None, {"routed_since_ns": time.time_ns()})
+        # Selected on the base's traffic, before the generalist: it waits for the generalist's own.
+        assert runs.environment_to_train(False, True, runner._waits) is None
+        store.query(
+            "INSERT INTO capability_stats (pass_id, computed_at, window_name, capability, n_success, n_failure, n_unknown, needed_success, "
+            "needed_failure, lacking_success, lacking_failure, runs, runs_selected, selected) VALUES (1, now(), 'all', ?, 5, 20, 0, 5, 20, 0, 20, 1, 1, true)",
+            [family.capability],
+        )
+        assert runs.environment_to_train(False, True, runner._waits)["environment_id"] == 1
+    finally:
+        store.close()

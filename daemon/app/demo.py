@@ -397,6 +397,7 @@ class Narrator:
         self.candidates: dict[str, dict[str, Any]] = {}  # adapter name -> its evaluation
         self.lives: list[str] = []  # the capabilities whose adapters went live, in order
         self.generalist: str | None = None  # the agent's generalist, once live (it is not one of `lives`)
+        self.holds = 0  # times the model-driven traffic was held: each hold and resume is narrated
 
     def event(self, key: str, line: str) -> None:
         if key not in self.seen:
@@ -428,7 +429,10 @@ class Narrator:
         # The canary and the 'after' period need the model-driven traffic; otherwise it holds while a
         # model job has the cores.
         # The generalist's period measures a whole pass over the panel before a targeted run holds it.
-        alone = self.tally.period == GENERALIST and len(self.tally.outcomes.get(GENERALIST, {})) < PANEL_BATCHES * PANEL_BATCH
+        # (Its canary's period too: this poll may see it live before `_adapters` enters its period.)
+        alone = self.tally.period == f"{GENERALIST} canary" or (
+            self.tally.period == GENERALIST and len(self.tally.outcomes.get(GENERALIST, {})) < PANEL_BATCHES * PANEL_BATCH
+        )
         self._hold_traffic(environments, runs, measuring=any(item["state"] == "canary" for item in adapters) or self.tally.period == "after" or alone)
         self._runs(runs)
         self._adapters(adapters, routing)
@@ -473,17 +477,20 @@ class Narrator:
         busy = [] if measuring else [
             *(f"run {run['run_id']} trains" for run in runs if run["status"] in ("queued", "running")),
             *(f"environment {item['environment_id']}'s gate runs" for item in environments if item["status"] == "validating"),
+            # Once the generalist is live, a ready environment may wait for its own traffic to select
+            # the capability again: holding that traffic would keep it waiting.
             *(f"environment {item['environment_id']} waits to be trained" for item in environments
-              if item["status"] in ("checked", *waiting) and item["environment_id"] not in trained),
+              if item["status"] in ("checked", *waiting) and item["environment_id"] not in trained and self.generalist is None),
         ]  # fmt: skip
         if bool(busy) == self.hold.is_set():
             return
         if busy:
             self.hold.set()
-            self.event(f"hold:{busy[0]}", f"model-driven traffic holds while {busy[0]} (the model jobs get the cores)")
+            self.holds += 1
+            self.event(f"hold:{self.holds}", f"model-driven traffic holds while {busy[0]} (the model jobs get the cores)")
         else:
             self.hold.clear()
-            self.event(f"resume:{runs[0]['run_id'] if runs else 0}", "model-driven traffic resumes")
+            self.event(f"resume:{self.holds}", "model-driven traffic resumes")
 
     def _runs(self, runs: list[dict[str, Any]]) -> None:
         """Narrate each run's state as it changes (oldest first: a run that ended between two polls is

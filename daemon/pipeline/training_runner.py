@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import threading
+from datetime import timezone
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ class TrainingRunner:
         self.subprocess = ModelSubprocess()
         self._pass_lock = threading.Lock()
         self.generalist = GeneralistStage(runs, store, settings, render)
+        self._told: set[int] = set()  # environments whose wait for re-selection was logged
 
     def recover(self) -> int:
         requeued = self.runs.requeue_running()
@@ -65,7 +67,7 @@ class TrainingRunner:
             run = self.runs.next_queued() or self.generalist.next_run(self.directory, self._generalist_config())
             if run is None:
                 environment = self.runs.environment_to_train(
-                    self.settings.validation.enabled, training.warm_start_examples > 0, self.generalist.holds_targeted
+                    self.settings.validation.enabled, training.warm_start_examples > 0, self._waits
                 )
                 if environment is None:
                     return None
@@ -86,6 +88,29 @@ class TrainingRunner:
         over all agents, None: every one)."""
         wanted = generalist.capability(service) if service else None
         return [item for state in states for item in self.runs.generalists(state) if wanted is None or item["capability"] == wanted]
+
+    def _waits(self, environment: dict[str, Any]) -> bool:
+        """Whether a ready environment waits: for its agent's generalist; or, selected before that
+        generalist went live, until the selection on the generalist's own traffic selects its
+        capability again (the gap the base had may be one the generalist does not)."""
+        if self.generalist.holds_targeted(environment.get("service_name")):
+            return True
+        live = self._live_generalist(environment.get("service_name"))
+        if live is None or live.get("routed_since_ns") is None:
+            return False
+        created = environment["created_at"]
+        created_ns = int((created if created.tzinfo else created.replace(tzinfo=timezone.utc)).timestamp() * 1e9)
+        if created_ns >= live["routed_since_ns"]:
+            return False
+        window = self.settings.analysis.selection_window
+        latest = [row for row in self.store.stats() if row["capability"] == environment["capability"] and row["window_name"] == window]
+        if latest and latest[0]["selected"]:
+            return False
+        if environment["environment_id"] not in self._told:
+            self._told.add(environment["environment_id"])
+            log.info("environment %d (%s) was selected before %s@v%d went live; it waits until the generalist's own traffic selects it",
+                     environment["environment_id"], environment["capability"], live["capability"], live["version"])  # fmt: skip
+        return True
 
     def _live_generalist(self, service: str | None) -> dict[str, Any] | None:
         """The live generalist a targeted adapter of `service`'s environment starts from: the agent's,

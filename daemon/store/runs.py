@@ -34,12 +34,12 @@ class RunStore(Tables):
     # -- what to train -------------------------------------------------------------------------
 
     def environment_to_train(
-        self, validation_enabled: bool, warm_start: bool, waiting: Callable[[str | None], bool] = lambda service: False
+        self, validation_enabled: bool, warm_start: bool, waiting: Callable[[dict[str, Any]], bool] = lambda environment: False
     ) -> dict[str, Any] | None:
         """The oldest environment ready for training that has no run yet: validated; or rejected by
         the gate only because the base is too weak, when a warm start is configured; or checked,
-        when validation is off. Environments of a service for which `waiting(service)` holds (its
-        generalist is on its way) are left for later."""
+        when validation is off. One for which `waiting(environment)` holds (its agent's generalist
+        is on its way, say) is left for later."""
         rows = _decoded(
             self.store.query(
                 "SELECT e.* FROM environments e WHERE NOT EXISTS "
@@ -50,7 +50,7 @@ class RunStore(Tables):
             )
         )
         for row in rows:
-            if (row["status"] != "rejected" or _too_weak(row.get("validation"))) and not waiting(row.get("service_name")):
+            if (row["status"] != "rejected" or _too_weak(row.get("validation"))) and not waiting(row):
                 return row
         return None
 
