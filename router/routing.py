@@ -238,7 +238,7 @@ class RoutingTable:
                 return lease
             held = self._recall(conversation) if self.hold_conversations else None
             if held is not None:
-                return self._serve("held", None if held == BASE else held, unit)
+                return self._serve("held", None if held == BASE else held, unit, agent)
             candidates = [
                 (capability, self.adapters[self.current.get(capability) or self.canaries[capability]].description)
                 for capability in self._serving()
@@ -254,7 +254,7 @@ class RoutingTable:
             # Without a user turn nothing was chosen yet.
             if self.hold_conversations and conversation is not None and first_user:
                 self._remember(conversation, capability)
-            return self._serve(reason, capability, unit)
+            return self._serve(reason, capability, unit, agent)
 
     def _serving(self) -> list[str]:
         """Capabilities with a live or canary version, by name (table lock held)."""
@@ -288,7 +288,7 @@ class RoutingTable:
         while len(self.conversations) > CONVERSATIONS:
             self.conversations.popitem(last=False)
 
-    def _serve(self, reason: str, capability: str | None, unit: str | None) -> Lease:
+    def _serve(self, reason: str, capability: str | None, unit: str | None, agent: str | None = None) -> Lease:
         """Hold the version that serves `capability`'s request (table lock held): its live version, or
         its canary for the canary's share of conversations (`router.split`: permuted blocks). A
         conversation keeps its arm for all of its requests: the split remembers `unit`, its id or
@@ -302,6 +302,10 @@ class RoutingTable:
         if canary is not None:
             arm = self.adapters[canary].split.arm(unit)  # type: ignore[union-attr]  # under the table lock
             current = canary if arm == "canary" else current
+        if current is None and not generalist.is_generalist(capability) and (default := self._generalist(agent)) is not None:
+            # The control arm of a targeted capability's first canary: what serves the agent without
+            # it, its generalist (whose weights the canary started from), not the bare base.
+            current = self.current.get(default)
         lease = self._hold(reason, [current] if current else [])
         lease.capability, lease.arm = capability, arm
         return lease

@@ -298,5 +298,11 @@ def test_an_environment_selected_before_the_generalist_went_live_waits_to_be_sel
             [family.capability],
         )
         assert runs.environment_to_train(False, True, runner._waits)["environment_id"] == 1
+        # Its canary's control arm, and so its reference, is the generalist that serves the agent without it.
+        from daemon.promotion.lifecycle import Promotion
+        from tests.lora_support import register_candidate
+
+        targeted = runs.adapter(register_candidate(store, family.capability, 1, "unused", 99, environment_id=1))
+        assert Promotion(store)._control_name(targeted) == f"{GENERALIST}@v1"
     finally:
         store.close()

@@ -220,6 +220,22 @@ def test_a_held_conversation_holds_the_generalist_and_its_canary_arm(
         assert (later.reason, later.adapter, later.arm) == ("held", lease.adapter, lease.arm)
 
 
+def test_a_targeted_adapters_first_canary_is_compared_with_the_generalist_not_the_bare_base(
+    table: RoutingTable, load: Callable[..., None], backend: EmbeddedBackend
+) -> None:
+    """The control arm of a capability's first canary is what serves the agent without it: its
+    generalist, whose weights the canary started from."""
+    to_billing = prompt_where(backend, lambda c, p: c.choose(p, BILLING) == "billing")
+    load(AIRLINE, 1)
+    load("billing", 1, canary=0.5)
+    leases = [route(table, to_billing, f"c-{index}", AGENT) for index in range(4)]
+    assert all(lease.capability == "billing" for lease in leases)
+    arms = sorted((lease.arm, lease.adapter) for lease in leases)
+    assert arms == [("canary", "billing@v1")] * 2 + [("control", f"{AIRLINE}@v1")] * 2
+    # An agent without a generalist: its control arm is the base model.
+    assert {route(table, to_billing, f"h-{index}", "hotel-agent").adapter for index in range(4)} == {"billing@v1", None}
+
+
 # -- through the HTTP router ----------------------------------------------------------------------
 
 

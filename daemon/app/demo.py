@@ -429,8 +429,8 @@ class Narrator:
         # The canary and the 'after' period need the model-driven traffic; otherwise it holds while a
         # model job has the cores.
         # The generalist's period measures a whole pass over the panel before a targeted run holds it.
-        # (Its canary's period too: this poll may see it live before `_adapters` enters its period.)
-        alone = self.tally.period == f"{GENERALIST} canary" or (
+        # (A canary's period too: this poll may see it live before `_adapters` enters the next period.)
+        alone = self.tally.period.endswith("canary") or self.tally.period.startswith("canary") or (
             self.tally.period == GENERALIST and len(self.tally.outcomes.get(GENERALIST, {})) < PANEL_BATCHES * PANEL_BATCH
         )
         self._hold_traffic(environments, runs, measuring=any(item["state"] == "canary" for item in adapters) or self.tally.period == "after" or alone)

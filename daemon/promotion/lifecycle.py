@@ -277,9 +277,18 @@ class Promotion:
         log.warning("%s rolled back automatically (%s): %s", served_name(adapter), stage, verdict.reason)
 
     def _control_name(self, adapter: dict[str, Any]) -> str:
-        """What serves the capability's traffic outside the canary: its live version, or the base model."""
+        """What serves the capability's traffic outside the canary: its live version; else, for a
+        targeted adapter, its agent's live generalist (the router's fallback); else the base model."""
         previous = self._live_of(adapter["capability"], adapter["adapter_id"])
-        return served_name(previous) if previous is not None else self.settings.router.model_name
+        if previous is not None:
+            return served_name(previous)
+        environment = self.runs.environment(adapter["environment_id"]) if adapter.get("environment_id") is not None else None
+        service = (environment or {}).get("service_name")
+        if service and not generalist.is_generalist(adapter["capability"]):
+            live = self.runs.live_adapter(generalist.capability(service), -1)
+            if live is not None:
+                return served_name(live)
+        return self.settings.router.model_name
 
     def _canary_reference(self, adapter: dict[str, Any], arms: dict[str, Rate]) -> tuple[Rate, str]:
         """What a canary is judged against, and its name: the control's outcomes in the canary window
