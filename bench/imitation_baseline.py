@@ -175,8 +175,8 @@ def run_panel(router: Router, arm: str, model: str, repeats: int, batches: int) 
     started = time.monotonic()
     for repeat in range(repeats):
         for seed in range(batches):
-            config = model_driven(f"{router.url}/v1", None, router.settings.model.max_new_tokens)
-            outcomes += run_conversations(seed=seed, model=model, run_id=f"{arm}-{repeat}-{seed}", **config)
+            config = {**model_driven(f"{router.url}/v1", None, router.settings.model.max_new_tokens), "run_id": f"{arm}-{repeat}-{seed}"}
+            outcomes += run_conversations(seed=seed, model=model, **config)
             done = sum(outcome.success for outcome in outcomes)
             print(f"  {arm}: {done}/{len(outcomes)} succeeded after panel batch {seed} (pass {repeat + 1})", file=sys.stderr, flush=True)
     successes = sum(outcome.success for outcome in outcomes)

@@ -207,6 +207,11 @@ PANEL_BATCHES = 12  # the model-driven agent's goals: 12 seeded batches of 4 con
 PANEL_BATCH = 4
 PANEL_RUN = "panel-"  # the panel's conversation ids start "airline-panel-…": no adapter learns from them
 FLOW_SEEDS = 10_000  # the scripted flows' batches are seeded from here on: none of the panel's goals
+# Model calls a panel conversation may make: the longest goal's reference takes six (identify, read,
+# search, confirm, change, answer), and two more leave room for one misstep. With four (until Run
+# 27) most goals could not be met at all: the generalist reached the confirmation in 18 of 20
+# cancellations and ran out of calls before the change.
+PANEL_TURNS = 8
 
 
 def model_driven(router_url: str, collector_url: str | None, max_tokens: int) -> dict[str, Any]:
@@ -217,7 +222,7 @@ def model_driven(router_url: str, collector_url: str | None, max_tokens: int) ->
     batching"), and the canary's verdict waits for their outcomes."""
     return {
         "policy": "llm", "router": router_url, "collector": collector_url, "conversations": PANEL_BATCH, "concurrency": PANEL_BATCH,
-        "max_tokens": max_tokens, "max_turns": 4, "temperature": 0.3, "service_name": MODEL_DRIVEN,
+        "max_tokens": max_tokens, "max_turns": PANEL_TURNS, "temperature": 0.3, "service_name": MODEL_DRIVEN,
         "run_id": f"{PANEL_RUN}{uuid.uuid4().hex[:8]}",
     }  # fmt: skip
 
