@@ -158,6 +158,8 @@ def make_daemon(directory: Path, **overrides: dict[str, Any]) -> RunningDaemon:
         sections["validation"] = {"enabled": False}
     if "training" not in overrides:
         sections["training"] = {"enabled": False}
+    if "generalist" not in overrides:  # a test of targeted training gets no generalist run first
+        sections["generalist"] = {"enabled": False}
     for section, values in overrides.items():
         sections.setdefault(section, {}).update(values)
     return RunningDaemon(directory, sections)

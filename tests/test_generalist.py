@@ -94,7 +94,8 @@ def test_an_agent_that_fails_often_gets_a_generalist_trained_and_scored_on_held_
     """The stage end to end in the train job's subprocess. A 2-layer random model cannot learn to
     write the agent's call from a few conversations (its 32-wide output layer is tied to the
     embeddings), so it scores as the base does: not better, so never offered."""
-    daemon = generalist_daemon(tmp_path, tiny_model).start()
+    # It trains once all 10 successes are in (10 needed: the run learns from 8, 2 held out).
+    daemon = generalist_daemon(tmp_path, tiny_model, min_successes=10).start()
     try:
         send(daemon, mixed(8, 10))
         run = finished(daemon)
