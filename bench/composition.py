@@ -40,12 +40,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.demo_loop import goal_steps_table  # noqa: E402
-from bench.imitation_baseline import Router, demo_settings, load_adapter, run_panel, targeted_adapters  # noqa: E402
+from bench.imitation_baseline import Router, load_adapter, open_demo, run_panel, targeted_adapters  # noqa: E402
 from daemon.app.demo import MODEL_DRIVEN, PANEL_BATCH, PANEL_BATCHES, Tally  # noqa: E402
 from daemon.core import generalist as generalists  # noqa: E402
 from daemon.core.settings import Settings  # noqa: E402
+from daemon.promotion.lifecycle import served_name  # noqa: E402
 from daemon.promotion.router_client import RouterAdmin  # noqa: E402
-from daemon.store.store import Store, StoreError  # noqa: E402
 from router.routing import adapter_name  # noqa: E402
 
 BASE, GENERALIST, SINGLE, PER_CONVERSATION, PER_REQUEST, MERGE = "base", "generalist", "single", "per_conversation", "per_request", "merge"
@@ -66,11 +66,6 @@ def lineup(adapters: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[
     generalist = max(found, key=lambda adapter: (adapter["capability"] == ours, adapter["adapter_id"]), default=None)
     targeted = [adapter for capability, adapter in sorted(newest.items()) if not generalists.is_generalist(capability)]
     return generalist, targeted
-
-
-def served_name(adapter: dict[str, Any]) -> str:
-    """The name one of the demo's adapters (a `targeted_adapters` row) is served under."""
-    return adapter_name(adapter["capability"], adapter["version"])
 
 
 def available_arms(generalist: dict[str, Any] | None, targeted: list[dict[str, Any]]) -> list[str]:
@@ -278,15 +273,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the report here")
     arguments = parser.parse_args()
     demo = arguments.demo.resolve()
-    if not (demo / "demo.toml").is_file():
-        parser.error(f"{demo} holds no demo.toml: pass a bench/demo_loop.py run's --output")
-    settings, _ = demo_settings(demo)
-    if not settings.store.path.exists():
-        raise SystemExit(f"no store at {settings.store.path}: pass a finished bench/demo_loop.py run's --output")
-    try:
-        store = Store(settings.store)
-    except StoreError as error:  # DuckDB has one writer: the demo's daemon must have stopped
-        raise SystemExit(str(error)) from None
+    settings, store = open_demo(parser, demo)
     try:
         adapters = targeted_adapters(store)
     finally:

@@ -55,6 +55,20 @@ def demo_settings(demo: Path) -> tuple[Settings, dict[str, str]]:
     return layered_settings(demo / "demo.toml", fast=False)
 
 
+def open_demo(parser: argparse.ArgumentParser, demo: Path) -> tuple[Settings, Store]:
+    """A finished demo run's settings and its store (the demo's daemon must have stopped: DuckDB
+    has one writer); a usage error or a one-line exit when `demo` is not one."""
+    if not (demo / "demo.toml").is_file():
+        parser.error(f"{demo} holds no demo.toml: pass a bench/demo_loop.py run's --output")
+    settings, _ = demo_settings(demo)
+    if not settings.store.path.exists():
+        raise SystemExit(f"no store at {settings.store.path}: pass a finished bench/demo_loop.py run's --output")
+    try:
+        return settings, Store(settings.store)
+    except StoreError as error:
+        raise SystemExit(str(error)) from None
+
+
 APPROVED = ("live", "canary", "approved")  # an approved adapter not yet live when the demo's time ran out is served live here
 
 
@@ -232,17 +246,8 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown arms: {', '.join(sorted(unknown))}")
     demo = arguments.demo.resolve()
-    if not (demo / "demo.toml").is_file():
-        parser.error(f"{demo} holds no demo.toml: pass a bench/demo_loop.py run's --output")
-    settings, _ = demo_settings(demo)
+    settings, store = open_demo(parser, demo)
     output = demo / "imitation-baseline"
-
-    if not settings.store.path.exists():
-        raise SystemExit(f"no store at {settings.store.path}: pass a finished bench/demo_loop.py run's --output")
-    try:
-        store = Store(settings.store)
-    except StoreError as error:  # DuckDB has one writer: the demo's daemon must have stopped
-        raise SystemExit(str(error)) from None
     try:
         adapters = targeted_adapters(store)
         per_adapter = {f"{item['capability']}@v{item['version']}": episodes_of(item) for item in adapters}
