@@ -29,7 +29,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from daemon.app.demo import number_text, share_text  # noqa: E402
-from daemon.core.progress import grpo_added_text  # noqa: E402
+from daemon.core.progress import grpo_added_text, reference_name, retention_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- demo_loop:begin -->", "<!-- demo_loop:end -->"
@@ -118,9 +118,11 @@ def render(report: dict[str, Any], command: str) -> str:
             lines.append(f"| generalist `{name}`, next action on {evaluation['conversations']} held-out successful conversations | {_next_action(evaluation)} |")
             continue
         target = evaluation["target"]
-        lines.append(f"| held-out, `{name}` | base {_score(target['base'])} → adapter {_score(target['adapter'])} |")
+        lines.append(f"| held-out, `{name}` | {reference_name(evaluation)} {_score(target['base'])} → adapter {_score(target['adapter'])} |")
         if added := grpo_added_text(evaluation.get("grpo_added")):
             lines.append(f"| what GRPO added, `{name}` | {added} |")
+        if kept := retention_text(evaluation):
+            lines.append(f"| what `{name}` kept of its generalist | {kept} |")
     panel = report.get("panel") or {}
     for period, record in (report.get("success") or {}).items():
         if record.get("total"):

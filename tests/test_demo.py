@@ -312,3 +312,17 @@ def test_a_generalist_candidate_is_narrated_by_its_next_actions() -> None:
     assert candidate_text(evaluation) == (
         "the agent's generalist, learned from 32 successful conversations: next action right on 0.60 [0.45, 0.74] of 40 held-out turns vs base 0.10"
     )
+
+
+def test_a_targeted_candidate_from_the_generalist_is_narrated_against_it_with_what_it_kept() -> None:
+    from daemon.app.demo import candidate_text
+
+    rate = lambda value: {"rate": value, "interval": [value - 0.1, value + 0.1]}  # noqa: E731
+    target = {"adapter": {"success_rate": 0.46}, "base": {"success_rate": 0.02}}
+    assert candidate_text({"target": target}) == "held-out success 0.46 vs base 0.02"
+    kept = {"generalist": {"matched": rate(0.81)}, "adapter": {"matched": rate(0.52)}, "turns": 81, "margin": 0.05, "forgets": True,
+            "difference": {"rate": -0.29, "interval": [-0.4, -0.18], "mcnemar_p": 0.0}}  # fmt: skip
+    assert candidate_text({"target": target, "reference": "generalist.support@v1", "retention": kept}) == (
+        "held-out success 0.46 vs the generalist generalist.support@v1 0.02; next actions on the generalist's held-out conversations: "
+        "generalist 0.81 → adapter 0.52 of 81 turns (-0.29 [-0.40, -0.18], McNemar p 0.00): forgets them (margin 0.05)"
+    )

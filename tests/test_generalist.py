@@ -305,5 +305,16 @@ def test_an_environment_selected_before_the_generalist_went_live_waits_to_be_sel
 
         targeted = runs.adapter(register_candidate(store, family.capability, 1, "unused", 99, environment_id=1))
         assert Promotion(store)._control_name(targeted) == f"{GENERALIST}@v1"
+        # The run is told of the generalist's weights and its conversations: those it learned from are
+        # rehearsed, those it was scored on must keep its next actions.
+        told = runner._starts_from(adapter_id)
+        assert told["name"] == f"{GENERALIST}@v1" and told["conversations"] is None  # its run left no conversations file
+        from daemon.pipeline.generalist import CONVERSATIONS
+
+        Path(run["directory"]).mkdir(parents=True, exist_ok=True)
+        (Path(run["directory"]) / CONVERSATIONS).write_text('{"train": [], "held_out": []}')
+        told = runner._starts_from(adapter_id)
+        assert told["conversations"] == str(Path(run["directory"]) / CONVERSATIONS)
+        assert (told["rehearsal_share"], told["retention_margin"]) == (0.3, 0.05)
     finally:
         store.close()

@@ -357,6 +357,26 @@ def test_sft_grpo_mixes_guided_rollouts_into_its_groups_when_asked(peaked: Path,
         TrainingSettings(warm_guided_share=1.5)
 
 
+def test_a_run_from_a_generalist_rehearses_its_conversations_in_the_warm_start(peaked: Path, tmp_path: Path) -> None:
+    from trainer.recipes import Rehearsal
+
+    assert [Rehearsal(((),), share).count(96) for share in (0.0, 0.3, 0.5)] == [0, 41, 96]
+    assert Rehearsal((), 0.5).count(96) == 0  # nothing to rehearse
+    config = _config(recipe="sft", steps=0, warm_start_examples=4, warm_start_epochs=1, warm_start_batch=2)
+    first = train(LETTER, peaked, tmp_path / "generalist", config)
+    assert first.started_from is None and first.report["warm_start"]["rehearsed"] == 0
+    first.model.save_pretrained(str(tmp_path / "saved"))
+    conversations = tuple(
+        ({"role": "user", "content": f"Say {letter}."}, {"role": "assistant", "content": letter}) for letter in "xyz"
+    )  # fmt: skip
+    second = train(LETTER, peaked, tmp_path / "targeted", config, starts_from=tmp_path / "saved", rehearsal=Rehearsal(conversations, 0.5))
+    # 4 demonstrations and, at half the warm start, 4 conversations drawn in turn: 8 sequences, 4 updates of 2.
+    assert {key: second.report["warm_start"][key] for key in ("examples", "rehearsed", "updates")} == {"examples": 8, "rehearsed": 4, "updates": 4}
+    # It started from the saved weights, and the run knows them (its evaluation's reference).
+    assert second.started_from is not None
+    assert all(torch.equal(second.started_from[name], value) for name, value in lora_state(first.model).items())
+
+
 STEPS = 20  # a step of this tiny model takes a fraction of a second: enough of them that the kill lands mid-run
 RESUMABLE = f"""
 import sys

@@ -72,7 +72,7 @@ def test_rows_that_are_not_a_conversation_are_refused_with_the_reason(change: di
 
 
 def test_only_the_agents_turns_carry_loss(smollm2_tokenizer: Any) -> None:
-    from trainer.imitation import conversation_sequence
+    from trainer.conversations import conversation_sequence
 
     messages = stored_prompt_messages(ROWS, TOOLS)
     ids, mask = conversation_sequence(smollm2_tokenizer, messages, 4096)
@@ -93,7 +93,7 @@ def test_only_the_agents_turns_carry_loss(smollm2_tokenizer: Any) -> None:
 
 
 def test_a_conversation_to_imitate_needs_a_user_turn_and_an_agent_turn() -> None:
-    from trainer.imitation import RecordedConversation
+    from trainer.conversations import RecordedConversation
 
     with pytest.raises(ValueError, match="assistant turn"):
         RecordedConversation([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])

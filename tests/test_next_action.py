@@ -214,3 +214,39 @@ def test_turns_whose_prompt_cannot_fit_are_skipped_and_counted(plain: Any, token
     assert matches == [[None, None]]
     report = score_actions(matches)
     assert report["turns"] == 0 and report["skipped"] == 2 and report["conversations"]["total"] == 0
+
+
+def test_retention_tells_whether_an_adapter_keeps_the_next_actions_of_the_weights_it_started_from(plain: Any, tokenizer: Any, tmp_path: Path) -> None:
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from daemon.core.settings import TrainingSettings
+    from router.protocol import stored_prompt_messages
+    from tests.lora_support import TARGETS
+    from trainer.grpo import adapter_weights, lora_state
+    from trainer.conversations import conversation_sequence
+    from trainer.recipes import supervised
+    from trainer.train_job import retention
+
+    opening = [{"role": "system", "content": "You help customers."}, {"role": "user", "content": "I am U-1, please look me up."}]
+    call = {"role": "assistant", "content": "", "tool_calls": json.dumps([{"id": "c1", "name": "get_user", "arguments": {"user_id": "U-1"}}])}
+    # The conversation scored on: the reference replied in text, as the plain base does.
+    replied = [stored_prompt_messages([*opening, assistant_text("Found you.")], TOOLS)]
+    # An adapter trained to call a tool at that turn instead (a tiny model learns to open a call in a few dozen updates).
+    model = get_peft_model(copy.deepcopy(plain), LoraConfig(r=4, target_modules=TARGETS))
+    generalist = lora_state(model)  # zero: the plain base
+    config = TrainingSettings(warm_start_epochs=60, warm_start_batch=1, warm_start_learning_rate=5e-2, dtype="float32", threads=1)
+    supervised(model, tokenizer, [conversation_sequence(tokenizer, stored_prompt_messages([*opening, call], TOOLS), 512)], config, tmp_path / "sft")
+    calling = lora_state(model)
+    forgot = retention(model, tokenizer, replied, SAMPLING, generalist, 0.05)
+    assert forgot["forgets"] and (forgot["generalist"]["matched"]["rate"], forgot["adapter"]["matched"]["rate"]) == (1.0, 0.0)
+    assert "held-out conversations 0.00 < the generalist's 1.00 by more than 0.05" in forgot["reason"]
+    assert all(torch.equal(value, calling[name]) for name, value in lora_state(model).items())  # its own weights put back
+    # The same adapter measured against the weights it has itself keeps every next action.
+    kept = retention(model, tokenizer, replied, SAMPLING, calling, 0.0)
+    assert not kept["forgets"] and kept["reason"] is None and kept["difference"]["rate"] == 0.0
+    # And against its generalist with the margin wide enough, a loss is tolerated.
+    with adapter_weights(model, calling):
+        assert not retention(model, tokenizer, replied, SAMPLING, generalist, 1.0)["forgets"]

@@ -111,11 +111,14 @@ def compare(
     margin: float,
     on_part: Callable[[str], None] | None = None,
     warm_started: Mapping[str, Any] | None = None,
+    reference: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The evaluation report and its verdict: "candidate" or "rejected_by_eval" with the reasons.
 
     ``base_model`` and ``adapter_model`` may be the same PEFT model: the base is then scored with
-    its adapters disabled. ``on_part`` hears what is scored next ("tool_call_precision: base").
+    its adapters disabled — or, given ``reference`` (the LoRA weights the adapter started from: its
+    agent's generalist), with those, the model the adapter would replace; the report's ``base``
+    arms are then that model's. ``on_part`` hears what is scored next ("tool_call_precision: base").
     With ``warm_started`` (the adapter's LoRA weights before GRPO), those weights are also scored
     on the target's seeds and the report's ``grpo_added`` compares them seed by seed with the final
     adapter: what GRPO added to the warm start."""
@@ -129,7 +132,10 @@ def compare(
     def both(environment: Environment) -> tuple[Score, Score]:
         if on_part:
             on_part(f"{environment.family.capability}: base")
-        if base_model is adapter_model and hasattr(adapter_model, "disable_adapter"):
+        if base_model is adapter_model and reference is not None:
+            with adapter_weights(adapter_model, dict(reference)):
+                base = score(adapter_model, tokenizer, environment, seeds, sampling)
+        elif base_model is adapter_model and hasattr(adapter_model, "disable_adapter"):
             with adapter_model.disable_adapter():
                 base = score(adapter_model, tokenizer, environment, seeds, sampling)
         else:

@@ -6,13 +6,7 @@ LoRA adapter learns them with the warm start's settings (batch, learning rate, L
 epochs), is scored against the base on held-out successful conversations by its next actions,
 teacher-forced (`trainer.next_action`), and is offered like any adapter when it does better.
 `bench/imitation_baseline.py` trains the same at the targeted adapters' budget, as the equal-budget
-check of what targeting adds.
-
-A stored conversation is laid out exactly like a warm-start demonstration
-(`trainer.rollouts.demonstration`): the agent's turns are the policy's tokens, everything between
-them (tool results, the customer's turns) is the environment's and carries no loss. The messages
-come in already rendered as the model sees them (tools in the system prompt, calls as tagged text:
-`router.protocol.prompt_messages`).
+check of what targeting adds. Conversations are laid out as ``trainer.conversations`` lays them out.
 """
 
 from __future__ import annotations
@@ -24,50 +18,11 @@ from typing import Any
 
 from daemon.core.settings import TrainingSettings
 from trainer.adapters import base_model_hash, save_adapter
-from trainer.environment import Instance, Message, StepResult
+from trainer.conversations import conversation_sequence
+from trainer.environment import Message
 from trainer.recipes import Progress, load_policy, supervised
-from trainer.rollouts import demonstration
 
 RECIPE = "imitation"
-
-
-class RecordedConversation(Instance):
-    """A stored conversation replayed as an episode: its opening, then after each of the agent's
-    turns the messages that followed it, until its last turn."""
-
-    def __init__(self, messages: Sequence[Message]) -> None:
-        super().__init__([], 0, 1)
-        agent = [index for index, message in enumerate(messages) if message["role"] == "assistant"]
-        if not agent:
-            raise ValueError("a conversation to imitate needs at least one assistant turn")
-        self.opening = [dict(message) for message in messages[: agent[0]]]
-        if not any(message["role"] == "user" for message in self.opening):
-            raise ValueError("a conversation to imitate needs a user turn before the agent's first")
-        ends = [*agent[1:], len(messages)]
-        self.turns = [(dict(messages[index]), [dict(message) for message in messages[index + 1 : end]]) for index, end in zip(agent, ends)]
-        self.max_turns = len(self.turns)
-        self.taken = 0
-
-    def reset(self) -> list[Message]:
-        self.taken = 0
-        return [dict(message) for message in self.opening]
-
-    def step(self, assistant: Message) -> StepResult:
-        following = self.turns[self.taken][1]
-        self.taken += 1
-        return StepResult([dict(message) for message in following], self.taken >= len(self.turns))
-
-    def reward(self) -> float:
-        return 1.0  # only successful conversations are imitated
-
-    def solution(self) -> list[Message]:
-        return [assistant for assistant, _ in self.turns]
-
-
-def conversation_sequence(tokenizer: Any, messages: Sequence[Message], max_length: int) -> tuple[list[int], list[int]]:
-    """(token ids, mask) of one conversation; mask 1 on the agent's own tokens. A conversation longer
-    than `max_length` keeps the turns that fit."""
-    return demonstration(tokenizer, RecordedConversation(messages), max_length).sequence()
 
 
 def train_imitation(

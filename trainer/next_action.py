@@ -192,15 +192,19 @@ def next_actions(
 
 
 def compare_next_actions(
-    model: Any, tokenizer: Any, conversations: Sequence[Sequence[Message]], sampling: Sampling, batch: int = BATCH
+    model: Any, tokenizer: Any, conversations: Sequence[Sequence[Message]], sampling: Sampling, batch: int = BATCH,
+    reference: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The base model (``model``, a PEFT model, with its adapters disabled) and the adapter scored
-    on the same turns, and the difference of their match rates, turn by turn: the paired 95 %
-    interval (Newcombe) and McNemar's exact p. The skipped turns are the same for both (the prompts
-    do not depend on the weights) and left out of the pairs."""
+    """The base model (``model``, a PEFT model, with its adapters disabled; or with the LoRA weights
+    ``reference`` in place of its own) and the adapter scored on the same turns, and the difference
+    of their match rates, turn by turn: the paired 95 % interval (Newcombe) and McNemar's exact p.
+    The skipped turns are the same for both (the prompts do not depend on the weights) and left out
+    of the pairs."""
     if not hasattr(model, "disable_adapter"):
         raise TypeError("compare_next_actions needs a PEFT model: its base is scored with the adapter disabled")
-    with model.disable_adapter():
+    from trainer.grpo import adapter_weights
+
+    with model.disable_adapter() if reference is None else adapter_weights(model, reference):
         base = next_actions(model, tokenizer, conversations, sampling, batch)
     adapter = next_actions(model, tokenizer, conversations, sampling, batch)
     base_turns, adapter_turns = ([item for conversation in run for item in conversation] for run in (base, adapter))

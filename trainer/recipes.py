@@ -34,7 +34,8 @@ from transformers import PrinterCallback, TrainerCallback
 
 from daemon.core.settings import TrainingSettings
 from trainer import precision
-from trainer.environment import Environment
+from trainer.conversations import conversation_sequence
+from trainer.environment import Environment, Message
 from trainer.grpo import grpo, latest_checkpoint, lora_state, validation_rank
 from trainer.model import training_device
 from trainer.rollouts import Sampling, demonstration
@@ -51,6 +52,7 @@ class Trained:
     tokenizer: Any
     report: dict[str, Any]  # recipe, tried recipes with their validation scores, warm start, GRPO steps
     warm_started: dict[str, Any] | None = field(default=None)  # LoRA weights after the warm start, when GRPO followed it
+    started_from: dict[str, Any] | None = field(default=None)  # the LoRA weights it started from, when not fresh (the generalist's)
 
 
 def lora_config(config: TrainingSettings) -> Any:
@@ -93,11 +95,37 @@ def load_policy(model_dir: Path, config: TrainingSettings, starts_from: Path | N
     return PeftModel.from_pretrained(base, str(starts_from), is_trainable=True).to(device), tokenizer
 
 
-def warm_start(model: Any, tokenizer: Any, environment: Environment, config: TrainingSettings, directory: Path, progress: Progress | None = None) -> dict[str, Any]:
-    """Supervised pass on ground-truth demonstrations (seeds disjoint from evaluation's), loss on the
-    policy's tokens only; each update is reported to `progress` (phase ``warm_start``)."""
+@dataclass(frozen=True, slots=True)
+class Rehearsal:
+    """Conversations a targeted run rehearses in its warm start: those its agent's generalist learned
+    from, at ``share`` of the warm start's sequences. Trained on its capability's demonstrations
+    alone, an adapter that starts from the generalist learns that one step and forgets the
+    conversation's others (docs/performance.md, Run 27); rehearsed, it keeps them."""
+
+    conversations: tuple[tuple[Message, ...], ...]
+    share: float
+
+    def count(self, demonstrations: int) -> int:
+        """How many rehearsed conversations go beside `demonstrations` (``share`` of the whole)."""
+        if not self.conversations or self.share <= 0:
+            return 0
+        return round(demonstrations * self.share / (1 - self.share))
+
+
+def warm_start(
+    model: Any, tokenizer: Any, environment: Environment, config: TrainingSettings, directory: Path, progress: Progress | None = None,
+    rehearsal: Rehearsal | None = None,
+) -> dict[str, Any]:
+    """Supervised pass on ground-truth demonstrations (seeds disjoint from evaluation's), with
+    `rehearsal`'s conversations (taken in turn) among them, loss on the policy's tokens only; each
+    update is reported to `progress` (phase ``warm_start``)."""
     sequences = [demonstration(tokenizer, environment.instance(seed), config.max_length).sequence() for seed in config.warm_start_range]
-    return supervised(model, tokenizer, sequences, config, directory / "warm_start", progress)
+    rehearsed = rehearsal.count(len(sequences)) if rehearsal else 0
+    if rehearsal and rehearsed:
+        cycle = rehearsal.conversations
+        sequences += [conversation_sequence(tokenizer, cycle[index % len(cycle)], config.max_length) for index in range(rehearsed)]
+    report = supervised(model, tokenizer, sequences, config, directory / "warm_start", progress)
+    return {**report, "rehearsed": rehearsed}
 
 
 def supervised(
@@ -178,9 +206,10 @@ def validation_score(model: Any, tokenizer: Any, environment: Environment, confi
 def train(
     environment: Environment, model_dir: Path, directory: Path, config: TrainingSettings, progress: Progress | None = None,
     starts_from: Path | None = None,
+    rehearsal: Rehearsal | None = None,
 ) -> Trained:
     """Train with the configured recipe (or choose one, for 'auto'), from a fresh adapter or the one at
-    `starts_from`; see the module."""
+    `starts_from` (whose conversations `rehearsal` brings to the warm start); see the module."""
     model, tokenizer = load_policy(model_dir, config, starts_from)
     fresh = lora_state(model)
     started = time.monotonic()
@@ -215,7 +244,7 @@ def train(
                 warm_report = json.loads((trial_dir / "warm_start.json").read_text())
                 _set_state(model, _load_state(trial_dir, "warm_start"))
             else:
-                warm_report = warm_start(model, tokenizer, environment, config, trial_dir, progress)
+                warm_report = warm_start(model, tokenizer, environment, config, trial_dir, progress, rehearsal)
                 _save_state(trial_dir, "warm_start", model, warm_report)
             trial["warm_start"] = warm_report
             if recipe == "sft+grpo":
@@ -249,7 +278,7 @@ def train(
         "steps": grpo_report["steps"] if "grpo" in chosen else [], "rollouts": grpo_report["rollouts"] if "grpo" in chosen else 0,
         "resumed_from": grpo_report["resumed_from"],
     }  # fmt: skip
-    return Trained(model, tokenizer, report, kept.get("sft") if chosen == "sft+grpo" else None)
+    return Trained(model, tokenizer, report, kept.get("sft") if chosen == "sft+grpo" else None, fresh if starts_from else None)
 
 
 def _kept_score(trial: dict[str, Any]) -> dict[str, Any] | None:

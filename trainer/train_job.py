@@ -1,5 +1,8 @@
 """One training run, start to verdict: warm start and GRPO on the capability's environment, held-out
-evaluation against the base, and the adapter saved with its manifest. Run by the daemon as a
+evaluation against the base, and the adapter saved with its manifest. A run that starts from its
+agent's generalist rehearses the generalist's conversations in its warm start, is evaluated against
+the generalist instead of the bare base, and must keep the generalist's next actions on the
+conversations the generalist was scored on (``retention``). Run by the daemon as a
 subprocess (bounded memory, killable, resumable from its checkpoints):
 
     python -m trainer.train_job --request REQUEST.json --run-dir RUN_DIR
@@ -29,7 +32,8 @@ from trainer.environment import Environment
 from trainer.evaluation import compare
 from trainer.families import build_environment, load_families
 from trainer.model import training_device
-from trainer.recipes import train
+from trainer.next_action import compare_next_actions
+from trainer.recipes import Rehearsal, train
 from trainer.replay import replay
 from trainer.rollouts import Sampling
 from trainer.jobs import RequestError, exit_with_parent, limit_memory, read_request, run_job, write_atomically
@@ -95,8 +99,11 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
     model_settings = request["model"]
     model_dir = models.resolve(model_settings["name"], Path(model_settings["cache_dir"]))
     config = training_settings(request)
-    starts_from = Path(request["starts_from"]["path"]) if request.get("starts_from") else None
-    trained = train(environment, model_dir, run_dir, config, progress, starts_from)
+    generalist = request.get("starts_from") or None
+    starts_from = Path(generalist["path"]) if generalist else None
+    learned_from, held_out = generalist_conversations(generalist)
+    rehearsal = Rehearsal(tuple(tuple(messages) for messages in learned_from), float(generalist.get("rehearsal_share", 0.0))) if generalist else None
+    trained = train(environment, model_dir, run_dir, config, progress, starts_from, rehearsal)
     model, tokenizer, report = trained.model, trained.tokenizer, trained.report
 
     evaluation = request["evaluation"]
@@ -115,7 +122,17 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
         if progress:
             progress({"phase": "evaluation", "part": part, "elapsed_s": round(time.monotonic() - evaluating, 1)})
 
-    verdict = compare(model, model, tokenizer, environment, others, seeds, sampling, evaluation["margin"], on_part, trained.warm_started)
+    verdict = compare(
+        model, model, tokenizer, environment, others, seeds, sampling, evaluation["margin"], on_part, trained.warm_started, trained.started_from
+    )
+    if generalist:
+        verdict["reference"] = generalist["name"]
+    if generalist and held_out and trained.started_from is not None:
+        on_part(f"next actions on the generalist's {len(held_out)} held-out conversations")
+        verdict["retention"] = retention(model, tokenizer, held_out, sampling, trained.started_from, float(generalist.get("retention_margin", 0.05)))
+        if verdict["retention"]["forgets"]:
+            verdict["verdict"] = "rejected_by_eval"
+            verdict["reasons"].append(verdict["retention"]["reason"])
     cases = request.get("replay") or []
     if cases:
         on_part(f"replay of {len(cases)} failed openings")
@@ -155,6 +172,32 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
         save_adapter(model, directory, manifest)
         result["adapter"] = str(directory)
     return result
+
+
+def generalist_conversations(starts_from: dict[str, Any] | None) -> tuple[list[Any], list[Any]]:
+    """The conversations the generalist a run starts from learned from and was scored on (its run's
+    ``conversations.json``); none when the run starts fresh or the request names no file.
+    RequestError when the file named cannot be read."""
+    path = (starts_from or {}).get("conversations")
+    if not path:
+        return [], []
+    try:
+        data = json.loads(Path(path).read_text())
+        return list(data["train"]), list(data["held_out"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise RequestError(f"cannot read the generalist's conversations at {path}: {error}") from None
+
+
+def retention(model: Any, tokenizer: Any, held_out: list[Any], sampling: Sampling, generalist: dict[str, Any], margin: float) -> dict[str, Any]:
+    """Whether a targeted adapter keeps its generalist's next actions on the conversations the
+    generalist was scored on: both scored turn by turn (``trainer.next_action``); ``forgets`` when
+    the adapter's accuracy is below the generalist's by more than `margin`."""
+    scored = compare_next_actions(model, tokenizer, held_out, sampling, reference=generalist)
+    kept, own = scored["base"]["matched"]["rate"], scored["adapter"]["matched"]["rate"]
+    forgets = own < kept - margin
+    reason = f"next actions on the generalist's held-out conversations {own:.2f} < the generalist's {kept:.2f} by more than {margin:.2f}"
+    return {"generalist": scored["base"], "adapter": scored["adapter"], "difference": scored["difference"], "turns": scored["turns"],
+            "margin": margin, "forgets": forgets, "reason": reason if forgets else None}  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

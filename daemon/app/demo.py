@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from daemon.app.client import ApiError, DaemonClient, DaemonUnavailable
 from daemon.core import generalist
 from daemon.core.intervals import mcnemar_p, paired_difference, wilson
-from daemon.core.progress import grpo_added_text, progress_text
+from daemon.core.progress import grpo_added_text, progress_text, reference_name, retention_text
 from daemon.core.settings import ENV_PREFIX, Settings, load_settings
 from daemon.app.supervisor import loopback
 from examples.airline.instructions import SERVICE_NAME
@@ -779,8 +779,9 @@ def candidate_text(evaluation: dict[str, Any]) -> str:
             f"{adapter['rate']:.2f} {adapter['interval']} of {evaluation['turns']} held-out turns vs base {base['rate']:.2f}"
         )
     target = evaluation["target"]
-    added = grpo_added_text(evaluation.get("grpo_added"))
-    return f"held-out success {target['adapter']['success_rate']:.2f} vs base {target['base']['success_rate']:.2f}" + (f"; {added}" if added else "")
+    notes = [text for text in (grpo_added_text(evaluation.get("grpo_added")), retention_text(evaluation)) if text]
+    measured = f"held-out success {target['adapter']['success_rate']:.2f} vs {reference_name(evaluation)} {target['base']['success_rate']:.2f}"
+    return "; ".join([measured, *notes])
 
 
 def success_text(measured: dict[str, Any]) -> str:

@@ -72,6 +72,29 @@ def grpo_added_text(added: dict[str, Any] | None) -> str | None:
     )
 
 
+def reference_name(evaluation: dict[str, Any]) -> str:
+    """What an adapter's held-out success was measured against: the bare base, or (for a targeted
+    adapter trained from its agent's generalist) that generalist."""
+    return f"the generalist {evaluation['reference']}" if evaluation.get("reference") else "base"
+
+
+def retention_text(evaluation: dict[str, Any]) -> str | None:
+    """Whether a targeted adapter trained from its agent's generalist kept the generalist's next
+    actions on the conversations the generalist was scored on (``evaluation.retention``), in words;
+    None for an adapter that started fresh."""
+    kept = evaluation.get("retention")
+    if not kept:
+        return None
+    generalist, adapter, difference = kept["generalist"]["matched"], kept["adapter"]["matched"], kept["difference"]
+    low, high = difference["interval"]
+    verdict = "forgets them" if kept["forgets"] else "keeps them"
+    return (
+        f"next actions on the generalist's held-out conversations: generalist {generalist['rate']:.2f} → adapter {adapter['rate']:.2f} "
+        f"of {kept['turns']} turns ({difference['rate']:+.2f} [{low:+.2f}, {high:+.2f}], McNemar p {difference['mcnemar_p']:.2f}): "
+        f"{verdict} (margin {kept['margin']:.2f})"
+    )
+
+
 def checkpoints_text(trial: dict[str, Any]) -> str | None:
     """How ``keep_best`` scored a recipe's GRPO checkpoints on the validation seeds and which it kept,
     in words; None when the trial scored none."""

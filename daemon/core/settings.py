@@ -470,6 +470,16 @@ class GeneralistSettings(Section):
         default_factory=list,
         description="Conversation ids (prefixes) never learned from: an evaluation panel kept apart from training.",
     )
+    rehearsal_share: float = Field(
+        0.3, ge=0, lt=1,
+        description="Share of a targeted adapter's warm start that rehearses the conversations its agent's generalist learned"
+        " from (drawn in turn), so that it adds its capability to the generalist's instead of replacing it; 0: none.",
+    )
+    retention_margin: float = Field(
+        0.05, ge=0, le=1,
+        description="A targeted adapter trained from the generalist is rejected when its next-action accuracy on the"
+        " generalist's held-out conversations falls below the generalist's by more than this.",
+    )
 
 
 class RouterSettings(Section):

@@ -142,10 +142,8 @@ class TrainingRunner:
     def _request(self, run: dict[str, Any], environment: dict[str, Any]) -> dict[str, Any]:
         validation = environment.get("validation") or {}
         validated = environment["status"] == "validated"
-        starts_from = self.runs.adapter(run["starts_from"]) if run.get("starts_from") is not None else None
         return {
-            "starts_from": {"adapter_id": starts_from["adapter_id"], "name": f"{starts_from['capability']}@v{starts_from['version']}",
-                            "path": starts_from["path"]} if starts_from else None,  # fmt: skip
+            "starts_from": self._starts_from(run["starts_from"]) if run.get("starts_from") is not None else None,
             "run_id": run["run_id"],
             "capability": run["capability"],
             "version": run["version"],
@@ -156,6 +154,22 @@ class TrainingRunner:
             "replay": self.runs.replay_cases(run["capability"]),
             **job_settings(self.settings),
         }
+
+    def _starts_from(self, adapter_id: int) -> dict[str, Any] | None:
+        """What a targeted run starting from the generalist `adapter_id` is told of it: its weights, and
+        its run's conversations (those it learned from are rehearsed in the warm start; on those it was
+        scored on, the targeted adapter must keep its next actions)."""
+        adapter = self.runs.adapter(adapter_id)
+        if adapter is None:
+            return None
+        run = self.runs.run(adapter["run_id"])
+        conversations = Path(run["directory"]) / CONVERSATIONS if run else None
+        settings = self.settings.generalist
+        return {
+            "adapter_id": adapter["adapter_id"], "name": f"{adapter['capability']}@v{adapter['version']}", "path": adapter["path"],
+            "conversations": str(conversations) if conversations and conversations.exists() else None,
+            "rehearsal_share": settings.rehearsal_share, "retention_margin": settings.retention_margin,
+        }  # fmt: skip
 
     def _execute(self, run: dict[str, Any]) -> int | None:
         run_id = run["run_id"]

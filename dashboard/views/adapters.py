@@ -13,6 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from daemon.app.client import ApiError, DaemonClient
+from daemon.core.progress import retention_text
 from dashboard import charts, generalist
 from dashboard.page import PageContext, interval, rate, show
 
@@ -74,8 +75,9 @@ def render_evaluation(report: Mapping[str, Any]) -> None:
     base, adapter = target["base"], target["adapter"]
     seeds = report.get("seeds") or [None, None]
     columns = st.columns(4)
-    columns[0].metric("adapter success (held-out)", rate(adapter["success_rate"]), delta=f"{target.get('gain', 0):+.2f} vs base")
-    columns[1].metric("base success", rate(base["success_rate"]))
+    against = "the generalist" if report.get("reference") else "base"
+    columns[0].metric("adapter success (held-out)", rate(adapter["success_rate"]), delta=f"{target.get('gain', 0):+.2f} vs {against}")
+    columns[1].metric(f"{against} success", rate(base["success_rate"]))
     reward_gain = (adapter.get("mean_reward") or 0.0) - (base.get("mean_reward") or 0.0)
     columns[2].metric("adapter mean reward", rate(adapter.get("mean_reward")), delta=f"{reward_gain:+.2f}")
     columns[3].metric("margin required", rate(report.get("margin")))
@@ -93,6 +95,8 @@ def render_evaluation(report: Mapping[str, Any]) -> None:
             "base success": st.column_config.NumberColumn(format="%.2f"),
             "adapter success": st.column_config.NumberColumn(format="%.2f"),
         })  # fmt: skip
+    if kept := retention_text(report):
+        st.markdown(f"**Started from {report['reference']}**, it was measured against it; {kept}.")
     replay = report.get("replay") or {}
     if replay.get("cases"):
         st.markdown(

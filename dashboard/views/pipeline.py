@@ -13,7 +13,7 @@ import streamlit as st
 from dashboard import charts, conversation, generalist
 from dashboard.page import PageContext, rate, show
 from daemon.app.client import ApiError
-from daemon.core.progress import checkpoints_text, grpo_added_text, grpo_steps, progress_text
+from daemon.core.progress import checkpoints_text, grpo_added_text, grpo_steps, progress_text, reference_name
 
 
 def environment_table(items: list[Mapping[str, Any]]) -> pd.DataFrame:
@@ -199,7 +199,7 @@ def render_run(run: Mapping[str, Any]) -> None:
         target = evaluation.get("target") or {}
         summary = f"Verdict **{result.get('verdict')}** after {result.get('steps', '?')} steps in {result.get('seconds', '?')} s"
         if target:
-            summary += f": held-out success {rate(target['adapter']['success_rate'])} vs base {rate(target['base']['success_rate'])}"
+            summary += f": held-out success {rate(target['adapter']['success_rate'])} vs {reference_name(evaluation)} {rate(target['base']['success_rate'])}"
         elif evaluation.get("kind") == "next_action":
             summary += f": held-out next action {generalist.accuracy(evaluation)} (base → adapter)"
         st.markdown(summary + ".")
