@@ -108,7 +108,7 @@ def main() -> None:
     settings.analysis.label_batch = 20_000
     store = Store(settings.store)
     registry = load_registry(settings.capabilities)
-    analyzer = Analyzer(store, registry, settings.analysis)
+    analyzer = Analyzer(store, registry, settings.analysis, settings.capabilities)
     counts = store.counts()
     log(f"store: {counts['trajectories']} trajectories, {counts['spans']} spans, {store.database_bytes() / 1e6:.0f} MB")
 

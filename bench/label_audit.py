@@ -1,9 +1,10 @@
-"""Label audit on real agent runs: how right are the capability labels on traces nobody here wrote?
+"""Label audit on agent runs: how right are the capability labels on traces nobody here wrote?
 
-Imports a τ-bench (or τ²-bench) results file into a real daemon with `tracefix import` (the real
-collector over loopback), waits for labeling, then prints per capability: needed / LACKING on
-successful and failed runs, ER+, ER-, Δ, coverage, whether it was selected, and how its LACKING
-labels on failed runs line up with the ground-truth causes of failure that τ-bench records
+Imports any `tracefix import` file (τ-bench, τ²-bench, or `messages`: chat transcripts) into a real
+daemon with `tracefix import` (the real collector over loopback), waits for labeling, then prints,
+per agent (service.name), per capability: needed / LACKING on successful and failed runs, ER+, ER-,
+Δ, coverage, whether it would be selected on that agent's runs, and, for τ-bench files, how its
+LACKING labels on failed runs line up with the ground-truth causes of failure that τ-bench records
 (`info.task.actions`: the writes a correct agent makes; read here only to measure, never by a
 labeler):
 
@@ -11,6 +12,12 @@ labeler):
 - unexpected: a write the task did not call for;
 - arguments: an expected write was made with other arguments;
 - output: a fact the task expects the agent to state (`info.task.outputs`) was never said.
+
+When the runs of a `messages` file carry planted defects (`"planted": {"<capability>": "LACKING"}`
+on failed runs, `{}` on successful ones: bench/agent_styles.py writes such files), it also prints
+per agent and capability the LACKING rate on successful runs that need the capability (the target:
+at most 15 % for every labeler with at least 10 such runs) and the recall of the planted defects
+(planted LACKING labelled LACKING / planted; the target: at least 90 %).
 
 It then samples, with a fixed seed, up to 20 LACKING and 10 PRESENT labels per capability and
 writes each with its reason and the evidence turns quoted to `--sample` (markdown). Verdicts are
@@ -22,6 +29,7 @@ from it (right / judged LACKING labels).
 Usage:
   python bench/label_audit.py RUNS.json --tools TOOLS.json [--format tau-bench]
       [--verdicts docs/label-audit.md] [--sample .tracefix/label-audit-sample.md] [--json]
+  python bench/label_audit.py tests/fixtures/agents/helpdesk-confirming.jsonl --format messages
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -42,9 +51,12 @@ from urllib.parse import quote
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from collectors.run_formats import FORMATS  # noqa: E402
 from tests.conftest import make_daemon  # noqa: E402
 
 LACKING_SAMPLE, PRESENT_SAMPLE, SEED = 20, 10, 17
+# Planted defects: the most LACKING on successful runs, counted from this many runs needing the capability; the least recall.
+PRECISION_TARGET, PRECISION_MIN_RUNS, RECALL_TARGET = 0.15, 10, 0.90
 CAUSES = ("missing", "unexpected", "arguments", "output")
 _VERDICT_ROW = re.compile(r"^\|\s*(?P<trajectory>[^|]+?)\s*\|\s*(?P<capability>[^|]+?)\s*\|\s*(?P<label>LACKING|PRESENT)\s*\|"
                           r"\s*(?P<reason>.*?)\s*\|\s*(?P<verdict>right|wrong|)\s*\|\s*(?P<why>.*?)\s*\|$")  # fmt: skip
@@ -126,15 +138,23 @@ def fetch_all(daemon: Any, service: str) -> list[dict[str, Any]]:
 
 
 def wait_labeled(daemon: Any, expected: int, capabilities: int, timeout_s: float = 600) -> None:
+    """Wait until every capability has labeled `expected` runs and the labels hold still across an
+    analysis pass (a pass may label some again: an agent's profile, derived from its runs, changed)."""
     deadline = time.monotonic() + timeout_s
+    previous = None
     while time.monotonic() < deadline:
         daemon.wait_analyzed(timeout_s)
         rows = daemon.get("/api/capabilities")["items"]
         counted = [sum(w.get("n_success", 0) + w.get("n_failure", 0) + w.get("n_unknown", 0) for w in [r["windows"].get("all", {})])
                    for r in rows]  # fmt: skip
+        snapshot = [(r["name"], *(r["windows"].get("all", {}).get(key) for key in ("needed_success", "needed_failure",
+                     "lacking_success", "lacking_failure"))) for r in rows]  # fmt: skip
         if len(rows) >= capabilities and all(count >= expected for count in counted):
-            return
-        time.sleep(0.5)
+            if snapshot == previous:
+                return
+            previous = snapshot
+        else:
+            time.sleep(0.5)
     raise TimeoutError("labeling did not finish")
 
 
@@ -182,24 +202,132 @@ def read_verdicts(path: Path) -> dict[tuple[str, str, str, str], tuple[str, str]
     return verdicts
 
 
+# --- planted defects ---------------------------------------------------------------------------
+
+
+def read_planted(path: Path) -> dict[str, dict[str, str]]:
+    """The planted defects of each run of a `messages` file (JSON lines or a JSON array) that has them, by run id."""
+    text = path.read_text()
+    try:
+        document = json.loads(text)
+        runs = document if isinstance(document, list) else [document]
+    except json.JSONDecodeError:
+        runs = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return {run["run_id"]: run["planted"] for run in runs if isinstance(run, dict) and isinstance(run.get("planted"), dict)}
+
+
+def run_labels(trajectory: dict[str, Any]) -> dict[str, str]:
+    """A trajectory's label per capability (its first labeling run's, where a labeler repeats)."""
+    labels: dict[str, str] = {}
+    for label in sorted(trajectory["labels"], key=lambda label: label.get("run") or 0):
+        labels.setdefault(label["capability"], label["label"])
+    return labels
+
+
+def planted_scores(runs: Iterable[tuple[str | None, dict[str, str], dict[str, str]]]) -> dict[str, dict[str, Any]]:
+    """Per capability, over the (outcome, planted, labels) of one agent's runs: of the successful runs
+    that need it (labelled LACKING or PRESENT) how many are LACKING, and of the planted LACKING defects
+    how many were labelled LACKING, each with whether it meets its target (None: too few runs to say)."""
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    for outcome, planted, labels in runs:
+        for capability, label in labels.items():
+            if outcome == "success" and label in ("LACKING", "PRESENT"):
+                counts[capability]["needed"] += 1
+                counts[capability]["lacking"] += label == "LACKING"
+        for capability, expected in planted.items():
+            if expected == "LACKING":
+                counts[capability]["planted"] += 1
+                counts[capability]["recalled"] += labels.get(capability) == "LACKING"
+    scores = {}
+    for capability in sorted(counts):
+        count = counts[capability]
+        share = count["lacking"] / count["needed"] if count["needed"] else None
+        recall = count["recalled"] / count["planted"] if count["planted"] else None
+        scores[capability] = {
+            "success_needed": count["needed"], "success_lacking": count["lacking"], "success_lacking_share": share,
+            "precision_ok": None if count["needed"] < PRECISION_MIN_RUNS else share <= PRECISION_TARGET,
+            "planted": count["planted"], "recalled": count["recalled"], "recall": recall,
+            "recall_ok": None if recall is None else recall >= RECALL_TARGET,
+        }  # fmt: skip
+    return scores
+
+
 # --- main ---------------------------------------------------------------------------------------
+
+
+def capability_line(
+    stats: dict[str, Any], selected: bool, lacking_failed: list[dict[str, Any]], run_causes: dict[str, set[str]]
+) -> dict[str, Any]:
+    """One capability's row: its statistics, and the ground-truth causes of the failed runs it labelled LACKING."""
+    return {
+        "capability": stats.get("capability"),
+        "needed_success": stats.get("needed_success"), "needed_failure": stats.get("needed_failure"),
+        "lacking_success": stats.get("lacking_success"), "lacking_failure": stats.get("lacking_failure"),
+        "er_plus": stats.get("er_plus"), "er_minus": stats.get("er_minus"),
+        "delta": stats.get("delta"), "coverage": stats.get("coverage"), "selected": selected,
+        "causes": {cause: sum(1 for t in lacking_failed if cause in run_causes.get(t["trajectory_id"], ())) for cause in CAUSES},
+        "no_known_cause": sum(1 for t in lacking_failed if not run_causes.get(t["trajectory_id"])),
+    }  # fmt: skip
+
+
+def _number(value: Any) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def _share(part: int, whole: int) -> str:
+    return f"{part} ({part / whole:.2f})" if whole else f"{part}"
+
+
+def print_table(table: list[dict[str, Any]], precision: dict[str, dict[str, int]], with_causes: bool) -> None:
+    causes_header = " LACKING failures by cause (missing / unexpected / arguments / output / none) |" if with_causes else ""
+    print("| capability | needed S/F | LACKING on successes | LACKING on failures | ER+ | ER− | Δ | coverage | selected "
+          f"|{causes_header} audited precision |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if with_causes else "") + "---|")
+    for line in table:
+        audit = precision.get(line["capability"], {"right": 0, "judged": 0, "sampled": 0})
+        audited = (f"{audit['right']}/{audit['judged']} = {audit['right'] / audit['judged']:.2f}" if audit["judged"]
+                   else "—") + (f" ({audit['sampled'] - audit['judged']} unjudged)" if audit["sampled"] > audit["judged"] else "")  # fmt: skip
+        causes_text = " / ".join(str(line["causes"][cause]) for cause in CAUSES) + f" / {line['no_known_cause']} |" if with_causes else ""
+        print(
+            f"| {line['capability']} | {line['needed_success']}/{line['needed_failure']} "
+            f"| {_share(line['lacking_success'] or 0, line['needed_success'] or 0)} "
+            f"| {_share(line['lacking_failure'] or 0, line['needed_failure'] or 0)} "
+            f"| {_number(line['er_plus'])} | {_number(line['er_minus'])} | {_number(line['delta'])} | {_number(line['coverage'])} "
+            f"| {'yes' if line['selected'] else 'no'} |{' ' + causes_text if with_causes else ''} {audited} |"
+        )  # fmt: skip
+
+
+def print_planted(scores: dict[str, dict[str, Any]]) -> None:
+    def verdict(ok: bool | None) -> str:
+        return "—" if ok is None else ("yes" if ok else "**no**")
+
+    print(f"| capability | successes needing it | LACKING on successes | ≤ {PRECISION_TARGET:.0%} | planted | labelled LACKING "
+          f"| recall | ≥ {RECALL_TARGET:.0%} |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for capability, score in scores.items():
+        print(
+            f"| {capability} | {score['success_needed']} | {_share(score['success_lacking'], score['success_needed'])} "
+            f"| {verdict(score['precision_ok'])} | {score['planted']} | {score['recalled']} | {_number(score['recall'])} "
+            f"| {verdict(score['recall_ok'])} |"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("runs", type=Path, help="τ-bench historical trajectories (or τ²-bench results) file")
+    parser.add_argument("runs", type=Path, help="a file `tracefix import` reads: τ-bench trajectories, τ²-bench results, messages")
     parser.add_argument("--tools", type=Path, default=None, help="tool definitions, OpenAI function format")
-    parser.add_argument("--format", default="tau-bench", choices=["tau-bench", "tau2-bench"])
+    parser.add_argument("--format", default="tau-bench", choices=list(FORMATS))
     parser.add_argument("--verdicts", type=Path, default=REPO / "docs" / "label-audit.md")
     parser.add_argument("--sample", type=Path, default=REPO / ".tracefix" / "label-audit-sample.md",
                         help="where the sampled labels are written, with any verdicts already given")  # fmt: skip
-    parser.add_argument("--json", action="store_true", help="print the table as JSON too")
+    parser.add_argument("--json", action="store_true", help="print the tables as JSON too")
     args = parser.parse_args(argv)
 
     runs = json.loads(args.runs.read_text()) if args.format == "tau-bench" else []
     by_run = {f"{args.runs.stem}/task-{run.get('task_id')}/trial-{run.get('trial', 0)}": run for run in runs}
     # The writes are the tools the ground truth expects anywhere in the file: independent of the labelers' settings.
     writes = {action["name"] for run in runs for action in ((run.get("info") or {}).get("task") or {}).get("actions") or []}
+    planted = read_planted(args.runs) if args.format == "messages" else {}
 
     with tempfile.TemporaryDirectory(prefix="label-audit-") as directory:
         daemon = make_daemon(Path(directory), analysis={"interval_s": 1.0}, trigger={"hold_passes": 1}).start()
@@ -209,13 +337,17 @@ def main(argv: list[str] | None = None) -> int:
             log(f"imported {report['requests']} runs, {report['spans']} spans in {time.perf_counter() - started:.1f} s")
             capabilities = daemon.get("/api/capabilities")["items"]
             wait_labeled(daemon, report["requests"], len(capabilities))
+            log(f"labeled in {time.perf_counter() - started:.1f} s")
             capabilities = daemon.get("/api/capabilities")["items"]
-            trajectories = fetch_all(daemon, args.format)
+            services = sorted({item["service_name"] for item in daemon.get("/api/agents")["items"]})
+            trajectories = [trajectory for service in services for trajectory in fetch_all(daemon, service)]
+            agent_stats = {
+                service: daemon.get(f"/api/agents/{quote(service, safe='')}/capabilities")["items"] for service in services
+            }
         finally:
             daemon.stop()
 
     # Per capability: counts, ER+, ER-, Δ, coverage, selection, and causes of the LACKING failures.
-    table = []
     run_causes = {t["trajectory_id"]: causes(by_run[t["conversation_id"]], writes) for t in trajectories
                   if t["outcome"] == "failure" and t.get("conversation_id") in by_run}  # fmt: skip
     failed_causes = Counter(cause for found in run_causes.values() for cause in found)
@@ -223,26 +355,26 @@ def main(argv: list[str] | None = None) -> int:
     for trajectory in trajectories:
         for label in trajectory["labels"]:
             labels[label["capability"]].append((trajectory, label))
-    for capability in capabilities:
-        name = capability["name"]
-        stats = capability["windows"].get("all", {})
-        lacking_failed = [t for t, label in labels[name] if label["label"] == "LACKING" and t["outcome"] == "failure"]
-        line = {
-            "capability": name,
-            "needed_success": stats.get("needed_success"), "needed_failure": stats.get("needed_failure"),
-            "lacking_success": stats.get("lacking_success"), "lacking_failure": stats.get("lacking_failure"),
-            "er_plus": stats.get("er_plus"), "er_minus": stats.get("er_minus"),
-            "delta": stats.get("delta"), "coverage": stats.get("coverage"), "selected": capability["selected"],
-            "causes": {cause: sum(1 for t in lacking_failed if cause in run_causes.get(t["trajectory_id"], ())) for cause in CAUSES},
-            "no_known_cause": sum(1 for t in lacking_failed if not run_causes.get(t["trajectory_id"])),
-        }  # fmt: skip
-        table.append(line)
+
+    def lacking_failed(name: str, service: str | None = None) -> list[dict[str, Any]]:
+        return [t for t, label in labels[name] if label["label"] == "LACKING" and t["outcome"] == "failure"
+                and service in (None, t["service_name"])]  # fmt: skip
+
+    table = [
+        capability_line({"capability": c["name"], **c["windows"].get("all", {})}, c["selected"], lacking_failed(c["name"]), run_causes)
+        for c in capabilities
+    ]  # fmt: skip
+    agent_tables = {
+        service: [capability_line(row, bool(row.get("selected")), lacking_failed(row["capability"], service), run_causes)
+                  for row in sorted(rows, key=lambda row: row["capability"])]
+        for service, rows in agent_stats.items()
+    }  # fmt: skip
 
     # Sample and carry the verdicts over.
     verdicts = read_verdicts(args.verdicts)
     rng = random.Random(SEED)
     sample_rows: list[tuple[str, str, str, str, str, str, list[str]]] = []
-    precision: dict[str, dict[str, int]] = {}
+    agent_of: dict[str, str] = {}
     for capability in capabilities:
         name = capability["name"]
         for wanted, size in (("LACKING", LACKING_SAMPLE), ("PRESENT", PRESENT_SAMPLE)):
@@ -252,14 +384,24 @@ def main(argv: list[str] | None = None) -> int:
                 verdict, why = verdicts.get(key, ("", ""))
                 quoted = evidence(trajectory, list(label["span_ids"] or []), label["reason"])
                 sample_rows.append((*key, verdict, why, [f"{trajectory['outcome']}", *quoted]))
-        judged = [row for row in sample_rows if row[1] == name and row[2] == "LACKING" and row[4]]
-        present = [row for row in sample_rows if row[1] == name and row[2] == "PRESENT" and row[4]]
-        precision[name] = {
-            "sampled": sum(1 for row in sample_rows if row[1] == name and row[2] == "LACKING"),
-            "judged": len(judged), "right": sum(1 for row in judged if row[4] == "right"),
-            "present_judged": len(present), "present_right": sum(1 for row in present if row[4] == "right"),
-        }  # fmt: skip
+                agent_of[key[0]] = trajectory["service_name"]
 
+    def audited(service: str | None = None) -> dict[str, dict[str, int]]:
+        """Per capability, the sampled labels (of one agent's runs when given) and the verdicts on them."""
+        rows = [row for row in sample_rows if service in (None, agent_of.get(row[0]))]
+        precision = {}
+        for capability in capabilities:
+            name = capability["name"]
+            judged = [row for row in rows if row[1] == name and row[2] == "LACKING" and row[4]]
+            present = [row for row in rows if row[1] == name and row[2] == "PRESENT" and row[4]]
+            precision[name] = {
+                "sampled": sum(1 for row in rows if row[1] == name and row[2] == "LACKING"),
+                "judged": len(judged), "right": sum(1 for row in judged if row[4] == "right"),
+                "present_judged": len(present), "present_right": sum(1 for row in present if row[4] == "right"),
+            }  # fmt: skip
+        return precision
+
+    precision = audited()
     lines = [
         "# Label audit: built-in rule labelers on real runs",
         "",
@@ -287,33 +429,43 @@ def main(argv: list[str] | None = None) -> int:
     args.sample.parent.mkdir(parents=True, exist_ok=True)
     args.sample.write_text("\n".join(lines) + "\n\n## Evidence\n\n" + "\n".join(details) + "\n")
 
-    def number(value: Any) -> str:
-        return "—" if value is None else f"{value:.2f}"
-
     print(f"{len(trajectories)} runs: {sum(t['outcome'] == 'success' for t in trajectories)} succeeded, "
-          f"{sum(t['outcome'] == 'failure' for t in trajectories)} failed; causes of the failures: "
-          + ", ".join(f"{cause} {failed_causes[cause]}" for cause in CAUSES)
-          + f", none of these {sum(1 for found in run_causes.values() if not found)}")  # fmt: skip
+          f"{sum(t['outcome'] == 'failure' for t in trajectories)} failed", end="")  # fmt: skip
+    if by_run:
+        print("; causes of the failures: " + ", ".join(f"{cause} {failed_causes[cause]}" for cause in CAUSES)
+              + f", none of these {sum(1 for found in run_causes.values() if not found)}", end="")  # fmt: skip
     print()
-    print("| capability | needed S/F | LACKING on successes | LACKING on failures | ER+ | ER− | Δ | coverage | selected "
-          "| LACKING failures by cause (missing / unexpected / arguments / output / none) | audited precision |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for line in table:
-        share = lambda part, whole: f"{part} ({part / whole:.2f})" if whole else f"{part}"  # noqa: E731
-        audit = precision[line["capability"]]
-        audited = (f"{audit['right']}/{audit['judged']} = {audit['right'] / audit['judged']:.2f}" if audit["judged"]
-                   else "—") + (f" ({audit['sampled'] - audit['judged']} unjudged)" if audit["sampled"] > audit["judged"] else "")  # fmt: skip
-        causes_text = " / ".join(str(line["causes"][cause]) for cause in CAUSES) + f" / {line['no_known_cause']}"
-        print(
-            f"| {line['capability']} | {line['needed_success']}/{line['needed_failure']} "
-            f"| {share(line['lacking_success'] or 0, line['needed_success'] or 0)} "
-            f"| {share(line['lacking_failure'] or 0, line['needed_failure'] or 0)} "
-            f"| {number(line['er_plus'])} | {number(line['er_minus'])} | {number(line['delta'])} | {number(line['coverage'])} "
-            f"| {'yes' if line['selected'] else 'no'} | {causes_text} | {audited} |"
-        )  # fmt: skip
+    agents: dict[str, dict[str, Any]] = {}
+    for service, agent_table in agent_tables.items():
+        own = [t for t in trajectories if t["service_name"] == service]
+        agent = {
+            "runs": len(own), "succeeded": sum(t["outcome"] == "success" for t in own),
+            "failed": sum(t["outcome"] == "failure" for t in own), "table": agent_table, "precision": audited(service),
+        }  # fmt: skip
+        print(f"\n## {service}: {agent['runs']} runs, {agent['succeeded']} succeeded, {agent['failed']} failed\n")
+        print_table(agent_table, agent["precision"], with_causes=bool(by_run))
+        known = [t for t in own if t.get("conversation_id") in planted]
+        if known:
+            agent["planted"] = planted_scores((t["outcome"], planted[t["conversation_id"]], run_labels(t)) for t in known)
+            # The runs behind the misses, for whoever fixes a labeler: planted but not LACKING, LACKING on a success.
+            agent["missed"] = {capability: [f"{t['conversation_id']} ({run_labels(t).get(capability, 'unlabeled')})" for t in known
+                                            if planted[t["conversation_id"]].get(capability) == "LACKING"
+                                            and run_labels(t).get(capability) != "LACKING"] for capability in agent["planted"]}  # fmt: skip
+            agent["lacking_on_success"] = {capability: [t["conversation_id"] for t in known if t["outcome"] == "success"
+                                                        and run_labels(t).get(capability) == "LACKING"] for capability in agent["planted"]}  # fmt: skip
+            print(f"\nPlanted defects ({len(known)} runs): LACKING on successful runs that need the capability "
+                  f"(target ≤ {PRECISION_TARGET:.0%} with ≥ {PRECISION_MIN_RUNS} runs) and recall of the planted "
+                  f"LACKING (target ≥ {RECALL_TARGET:.0%}):\n")  # fmt: skip
+            print_planted(agent["planted"])
+            for heading, runs_by in (("planted defects missed", agent["missed"]), ("LACKING on successes", agent["lacking_on_success"])):
+                for capability, ids in runs_by.items():
+                    if ids:
+                        more = f" and {len(ids) - 10} more" if len(ids) > 10 else ""
+                        print(f"- {heading}, {capability}: {', '.join(ids[:10])}{more}")
+        agents[service] = agent
     log(f"sample of {len(sample_rows)} labels written to {args.sample}")
     if args.json:
-        print(json.dumps({"table": table, "precision": precision, "causes": dict(failed_causes)}))
+        print(json.dumps({"table": table, "precision": precision, "causes": dict(failed_causes), "agents": agents}))
     return 0
 
 

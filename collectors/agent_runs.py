@@ -7,8 +7,8 @@ as an OTLP/JSON export request in the OpenTelemetry GenAI semantic conventions: 
 `gen_ai.output.messages`, `gen_ai.system_instructions`, `gen_ai.tool.definitions`), one
 `execute_tool` span per tool result, and the reward as a `gen_ai.evaluation.result` event. The
 requests then go through the collector like live traffic (collectors/importer.py). Each format's
-reader is a module of its own (collectors/tau_bench.py, collectors/tau2_bench.py);
-collectors/run_formats.py names them.
+reader is a module of its own (collectors/tau_bench.py, collectors/tau2_bench.py,
+collectors/messages_format.py); collectors/run_formats.py names them.
 
 Ids are derived from the run's identity, so importing the same file twice stores each run once.
 """
@@ -48,6 +48,8 @@ class AgentRun:
     reward: float | None
     evaluation_name: str
     attributes: dict[str, Any] = field(default_factory=dict)
+    # The agent that made the run, where the file names it: its service.name and gen_ai.agent.name.
+    agent: str | None = None
 
 
 # --- reading files -------------------------------------------------------------------------------
@@ -216,11 +218,22 @@ def trace_request(
 
 
 def trace_requests(
-    runs: list[AgentRun], service_name: str, agent_name: str, model: str | None = None, end_ns: int | None = None
+    runs: list[AgentRun],
+    service_name: str | None,
+    agent_name: str | None,
+    model: str | None = None,
+    end_ns: int | None = None,
+    default_service: str = "imported",
+    default_agent: str = "imported",
 ) -> Iterator[dict[str, Any]]:
-    """One export request per run, laid one after another so that the last ends at `end_ns` (now)."""
+    """One export request per run, laid one after another so that the last ends at `end_ns` (now).
+
+    A run's service.name is `service_name` when given, else the agent its file names, else
+    `default_service`; its gen_ai.agent.name likewise from `agent_name` and `default_agent`.
+    """
     end_ns = time.time_ns() if end_ns is None else end_ns
     clock = end_ns - sum(len(run.messages) + 1 for run in runs) * _STEP_NS
     for run in runs:
-        request, clock = trace_request(run, clock, service_name, agent_name, model)
+        service = service_name or run.agent or default_service
+        request, clock = trace_request(run, clock, service, agent_name or run.agent or default_agent, model)
         yield request

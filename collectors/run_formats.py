@@ -1,4 +1,4 @@
-"""The benchmark formats `tracefix import` reads, each by its own module."""
+"""The run formats `tracefix import` reads (two benchmarks' and plain chat transcripts), each by its own module."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from collectors.agent_runs import AgentRun, RunFormatError, load_tools
+from collectors.messages_format import read_messages
 from collectors.tau2_bench import read_tau2_bench
 from collectors.tau_bench import read_tau_bench
 
-READERS = {"tau-bench": read_tau_bench, "tau2-bench": read_tau2_bench}
+READERS = {"tau-bench": read_tau_bench, "tau2-bench": read_tau2_bench, "messages": read_messages}
 FORMATS = tuple(READERS)
 
 

@@ -79,6 +79,7 @@ class Conversation:
     outcome: str | None = None  # success / failure, as the root-span attribute tracefix.outcome
     tools: list[dict[str, Any]] = field(default_factory=lambda: TOOLS)
     conversation_id: str | None = None
+    system: str | None = SYSTEM  # the agent's instructions (gen_ai.system_instructions); None: none sent
 
 
 def _text(role: str, text: str) -> dict[str, Any]:
@@ -118,11 +119,12 @@ class ConversationSender:
                 chat = {
                     "gen_ai.operation.name": "chat",
                     "gen_ai.request.model": "support-model",
-                    "gen_ai.system_instructions": json.dumps([{"type": "text", "content": SYSTEM}]),
                     "gen_ai.tool.definitions": json.dumps(conversation.tools),
                     "gen_ai.input.messages": json.dumps(history),
                     "gen_ai.output.messages": json.dumps([output]),
                 }
+                if conversation.system is not None:
+                    chat["gen_ai.system_instructions"] = json.dumps([{"type": "text", "content": conversation.system}])
                 with self.tracer.start_as_current_span("chat support-model", attributes=chat, start_time=clock):
                     pass
                 history.append(output)

@@ -192,6 +192,19 @@ def test_health_page_lists_every_capability_and_highlights_the_planted_gaps(
     assert sum('"threshold 0.2"' in spec for spec in thresholds) >= 2 and any('"threshold 0.1"' in spec for spec in thresholds)
 
 
+def test_health_page_shows_one_agents_profile_with_its_evidence(loaded: RunningDaemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    agent = loaded.get("/api/agents")["items"][0]["service_name"]
+    test = app(loaded.config_path, monkeypatch)
+    test.selectbox(key="health_agent").select(agent).run()
+    assert not test.exception and not test.error
+    assert f"What {agent}'s policy requires before a change" in [header.value for header in test.subheader]
+    table = next(frame.value for frame in test.dataframe if "its policy" in frame.value.columns)
+    profile = loaded.get(f"/api/agents/{agent}/profile")["rules"]
+    shown = {row["from"]: row["evidence"] for _, row in table.iterrows()}
+    assert len(table) == 3 and all(rule["evidence"] in shown.values() for rule in profile.values())
+    assert set(table["its policy"]) <= {"yes", "no", "undecided"}
+
+
 @pytest.fixture(scope="module")
 def unexplained(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
     """Rules only, 30 runs of the demo agent that all failed, no gap planted: no capability is

@@ -307,7 +307,9 @@ def test_mapped_score_overrides_the_rule_of_a_builtin_capability(traffic: Traffi
 
 def test_builtin_capability_falls_back_to_its_rule_where_no_evaluation_decides(traffic: Traffic) -> None:
     rule = traffic.label("rule only", "precondition_verification")
-    assert rule["label"] == "LACKING" and "without the user's confirmation" in rule["reason"]
+    # The rule's own verdict: the change (cancel order A-1001) is the one the user's message asked for,
+    # and nothing says this agent's policy wants a separate yes, so that message authorizes it.
+    assert rule["label"] == "PRESENT" and "as the user's own message stated" in rule["reason"]
     assert rule["labeler"] == "rules.precondition_verification" and "+evaluations." in rule["labeler_version"]
     undecided = traffic.label("judge undecided", "precondition_verification")  # label "unsure" is not mapped
     assert (undecided["label"], undecided["reason"]) == ("NA", "no state-changing tool was called")

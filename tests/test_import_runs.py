@@ -324,7 +324,7 @@ def test_tools_with_the_otlp_format_are_refused(
     completed = _import(collector, TAU_RUNS, "--format", "otlp", "--tools", str(AIRLINE_TOOLS))
 
     assert completed.returncode != 0
-    assert "--tools applies to --format tau-bench or tau2-bench" in completed.stderr
+    assert "--tools applies to --format tau-bench, tau2-bench or messages" in completed.stderr
     assert collector.wait_assembled()["counts"] == before
 
 

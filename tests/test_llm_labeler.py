@@ -580,6 +580,7 @@ def test_snake_case() -> None:
 def test_settings_defaults_and_validation() -> None:
     settings = LLMSettings()
     assert (settings.enabled, settings.runs, settings.temperature, settings.max_retries) == (False, 10, 0.7, 2)
+    assert (settings.concurrency, settings.calls_per_minute) == (4, 60)
     assert settings.base_url == "http://127.0.0.1:8000/v1" and settings.model == "base"
     for model in (LLMSettings, CustomCapability):
         assert all(field.description for field in model.model_fields.values()), model
@@ -591,6 +592,9 @@ def test_settings_defaults_and_validation() -> None:
         LLMSettings(unknown_key=1)
     with pytest.raises(ValidationError):
         LLMSettings(runs=0)
+    for invalid in ({"concurrency": 0}, {"concurrency": 65}, {"calls_per_minute": -1}):
+        with pytest.raises(ValidationError):
+            LLMSettings(**invalid)
 
 
 def test_llm_capabilities_builds_custom_capabilities() -> None:
@@ -607,6 +611,8 @@ def test_llm_capabilities_builds_custom_capabilities() -> None:
     labeler = capabilities[1].labeler
     assert isinstance(labeler, LLMLabeler) and labeler.description == "Resolve relative dates correctly."
     assert hasattr(labeler, "label_runs")
+    assert labeler.deferred  # judged beside the analysis pass, never inside it
+    assert labeler.client.budget.calls == settings.calls_per_minute
     with pytest.raises(ConfigError, match="tool_call_precision"):
         llm_capabilities(
             LLMSettings(enabled=True, custom=[{"name": "tool_call_precision", "description": "x"}]), {"tool_call_precision": "…"}

@@ -2,7 +2,9 @@
 
 Labeling is incremental (only trajectories without a current label, or reassembled since); the
 statistics are one DuckDB query per window over all labels (ER+, ER-, Δ, coverage, Wilson
-intervals, the paper's selection rule and the consistency vote).
+intervals, the paper's selection rule and the consistency vote). A pass labels only the capabilities
+whose labeler is fast (rules, evaluation events); those whose labeler is ``deferred`` (the LLM's) are
+judged beside it by ``LLMJudging`` (judging.py), and the statistics count whatever they judged so far.
 """
 
 from __future__ import annotations
@@ -21,13 +23,18 @@ from daemon.core import metrics
 from daemon.analysis.capabilities import (
     Capability, CapabilityRegistry, Evaluation, Judgement, Label, ToolCall, ToolSpec, Trajectory, Turn,
 )  # fmt: skip
+from daemon.analysis.builtin_capabilities import PreconditionVerification
 from daemon.analysis.evaluation_labels import EvaluationLabeler, log_evaluation, span_evaluations
-from daemon.core.settings import AnalysisSettings
+from daemon.analysis.profile import CONSULTING, AgentProfile, Profiles, derive, instructions_of, unknown_agents
+from daemon.core.settings import AnalysisSettings, CapabilitySettings
 from daemon.core.json_types import json_type
 from daemon.store.labels import Thresholds
 from daemon.store.store import AnalysisStore, Store
 
 log = logging.getLogger(__name__)
+
+PROFILE_RUNS = 200  # an agent's newest successful runs its profile is observed on
+INSTRUCTION_RUNS = 20  # its newest runs whose instructions are read
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -83,10 +90,18 @@ class AnalysisPass:
 class Analyzer:
     """Runs labeling and statistics passes for every registered capability."""
 
-    def __init__(self, store: Store, registry: CapabilityRegistry, settings: AnalysisSettings) -> None:
+    def __init__(
+        self, store: Store, registry: CapabilityRegistry, settings: AnalysisSettings, capabilities: CapabilitySettings | None = None
+    ) -> None:
         self.store = AnalysisStore(store)
         self.registry = registry
         self.settings = settings
+        self.capabilities = capabilities or CapabilitySettings()
+        # What each agent's policy requires before a change; the labelers consult it (daemon.analysis.profile).
+        self._observer = PreconditionVerification(self.capabilities)
+        self.profiles = Profiles(
+            self._derive_profile, self.store.agent_profiles, self._save_profile, self.store.successes_of, settings.profile_refresh_s
+        )  # fmt: skip
         for window in settings.windows + [settings.selection_window]:
             window_start_ns(window)  # invalid windows fail at start, not in the middle of a pass
         # Every trajectory assembled up to this batch has current labels (-1: unknown, scan all).
@@ -104,8 +119,13 @@ class Analyzer:
     def current(self) -> list[tuple[str, str, str]]:
         return [(c.name, c.labeler.name, c.labeler.version) for c in self.registry]
 
-    def trajectories(self, trajectory_ids: list[str], batches: dict[str, int] | None = None) -> list[Trajectory]:
-        """The labelers' view of these trajectories, with tool definitions resolved per DESIGN rules.
+    def in_pass(self) -> list[Capability]:
+        """The capabilities a pass labels: all but those whose labeler is judged beside it (``deferred``)."""
+        return [capability for capability in self.registry if not getattr(capability.labeler, "deferred", False)]
+
+    def trajectories(self, trajectory_ids: list[str], batches: dict[str, int] | None = None, profiled: bool = True) -> list[Trajectory]:
+        """The labelers' view of these trajectories, with tool definitions resolved per DESIGN rules
+        and (`profiled`) their agents' profiles, derived again where due.
 
         `batches`, when given, receives each trajectory's assembly batch (labels record it).
         """
@@ -151,11 +171,39 @@ class Analyzer:
                     calls.get(trajectory_id, []), tools or {}, source, found,
                 )  # fmt: skip
             )
+        if profiled and result:
+            changed = self.profiles.refresh(sorted({trajectory.service_name for trajectory in result}))
+            if changed:  # their other runs were labeled under the old profile: the next pass labels them again
+                self.store.forget_agent_labels(changed, CONSULTING)
+                self._generation += 1
+                self.labeled_through = -1
+            for trajectory in result:
+                trajectory.profile = self.profiles.get(trajectory.service_name)
         return result
 
+    def _derive_profile(self, agent: str) -> AgentProfile:
+        """The agent's profile from its newest runs: the instructions they carry most often, and what
+        its successful runs that changed state did before the change."""
+        successes = self.store.recent_trajectory_ids(agent, "success", PROFILE_RUNS)
+        ids = list(dict.fromkeys([*successes, *self.store.recent_trajectory_ids(agent, None, INSTRUCTION_RUNS)]))
+        runs = self.trajectories(ids, profiled=False)
+        instructions = instructions_of([turn.content for run in runs for turn in run.turns[:2] if turn.role == "system"])
+        observed = [self._observer.observe(run) for run in runs if run.outcome == "success"]
+        known = {name for run in runs for name in run.tools} | {call.name for run in runs for call in run.tool_calls}
+        return derive(agent, instructions, [item for item in observed if item is not None], self.capabilities.agent(agent), known)
+
+    def _save_profile(self, profile: AgentProfile) -> None:
+        self.store.save_agent_profile(profile.agent, profile.fingerprint, profile.to_dict())
+
+    def refused_overrides(self) -> list[str]:
+        """The [[capabilities.agents]] overrides not applied: naming no agent that sent runs, or a tool it never had."""
+        refused = unknown_agents(self.capabilities.agents, self.store.services())
+        return refused + [reason for profile in self.profiles.profiles.values() for reason in profile.refused]
+
     def label_pass(self) -> int:
-        """Label trajectories that lack a current label; returns how many were labeled."""
-        current = self.current()
+        """Label trajectories that lack a current label of a capability labeled in the pass; returns how many."""
+        capabilities = self.in_pass()
+        current = [(c.name, c.labeler.name, c.labeler.version) for c in capabilities]
         if not current:
             return 0
         generation = self._generation
@@ -165,20 +213,20 @@ class Analyzer:
             if generation == self._generation:
                 self.labeled_through = through
             return 0
-        self._relabel(ids, list(self.registry))
+        self._relabel(ids, capabilities)
         if len(ids) < self.settings.label_batch and generation == self._generation:
             self.labeled_through = through
         return len(ids)
 
     def retry_errors(self) -> int:
-        """Label again the (trajectory, capability) pairs whose labeler gave no usable verdict (an
-        LLM endpoint that was down, output that stayed invalid) at least `error_retry_s` ago.
+        """Label again the (trajectory, capability) pairs whose labeler gave no usable verdict at least
+        `error_retry_s` ago, for the capabilities labeled in the pass (LLMJudging retries its own).
         Returns how many trajectories were tried; a pair that fails again waits as long again."""
         if not self.settings.error_retry_s:
             return 0
         before = datetime.now(timezone.utc) - timedelta(seconds=self.settings.error_retry_s)
         tried = 0
-        for capability in self.registry:
+        for capability in self.in_pass():
             labeler = capability.labeler
             ids = self.store.errored(capability.name, labeler.name, labeler.version, before, self.settings.label_batch)
             if not ids:
@@ -232,7 +280,7 @@ class Analyzer:
         return Thresholds(settings.min_delta, settings.min_coverage, settings.min_failures, settings.consistency)
 
     def run_pass(self) -> AnalysisPass:
-        """Label until caught up (bounded), then recompute the statistics."""
+        """Label until caught up (bounded), then recompute the statistics of every capability."""
         started = time.perf_counter()
         labeled = 0
         for _ in range(100):

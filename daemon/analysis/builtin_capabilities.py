@@ -19,6 +19,7 @@ import jsonschema
 import orjson
 
 from daemon.analysis.capabilities import Capability, Judgement, Label, ToolCall, Trajectory
+from daemon.analysis.profile import AgentProfile, Observation
 from daemon.core.settings import CapabilitySettings
 
 RULES_VERSION = "1"
@@ -65,7 +66,7 @@ def _id_values(arguments: Any) -> list[str]:
         if isinstance(value, int) and not isinstance(value, bool) and _ID_KEY.search(key) and value > 999:
             found.append(str(value))
         elif isinstance(value, str) and not _DATE_LIKE.match(value):
-            if _ID_VALUE.match(value) or (_ID_KEY.search(key) and len(value) >= 3 and " " not in value):
+            if _ID_VALUE.match(value) or (_ID_KEY.search(key) and len(value) >= 2 and " " not in value):
                 found.append(value)
     return found
 
@@ -197,7 +198,7 @@ class ArgumentGrounding:
     """LACKING when an id-like argument was never seen in a user turn or an earlier tool result."""
 
     name: str = "rules.argument_grounding"
-    version: str = RULES_VERSION
+    version: str = "2"
 
     def label(self, trajectory: Trajectory) -> Judgement:
         grounded_calls = 0
@@ -214,7 +215,8 @@ class ArgumentGrounding:
             seen += [earlier.result or "" for earlier in trajectory.tool_calls[: call.position]]
             haystack = "\n".join(seen)
             for value in ids:
-                if value not in haystack:
+                # As a whole token: "t4" is not grounded by "t44", "8190333" is by "gift_card_8190333".
+                if value not in haystack or not re.search(rf"(?<![A-Za-z0-9]){re.escape(value)}(?![A-Za-z0-9])", haystack):
                     return Judgement(
                         Label.LACKING,
                         f"{call.name} argument {value!r} appears in no user turn or tool result before it",
@@ -259,13 +261,18 @@ _NEGATED = re.compile(r"\b(?:not|don't|do not|didn't|never|no need to|can't|cann
 @dataclass(slots=True)
 class PreconditionVerification:
     """LACKING when a state-changing call changes an entity the agent never read, or runs without the
-    user's explicit confirmation given after that read."""
+    user's explicit confirmation given after that read — as far as the agent's policy asks for them
+    (its profile, ``daemon.analysis.profile``): a rule its policy does not have is never LACKING, and
+    where confirmation is not required, a change the user's own message states (the entity and the
+    change: "mark t6 as done") is authorized by that message."""
 
     settings: CapabilitySettings
     name: str = "rules.precondition_verification"
-    version: str = "3"
+    version: str = "4"
 
-    def changes_state(self, tool: str) -> bool:
+    def changes_state(self, tool: str, profile: AgentProfile | None = None) -> bool:
+        if profile is not None and profile.state_changing_tools is not None:
+            return tool in profile.state_changing_tools
         return self.settings.changes_state(tool)
 
     def confirms(self, text: str) -> bool:
@@ -279,36 +286,101 @@ class PreconditionVerification:
                         return True
         return False
 
-    def label(self, trajectory: Trajectory) -> Judgement:
-        writes = [call for call in trajectory.tool_calls if self.changes_state(call.name)]
-        if not writes:
-            return Judgement(Label.NA, "no state-changing tool was called")
-        for write in writes:
+    def checks(self, trajectory: Trajectory) -> list[_WriteCheck]:
+        """Each state-changing call with what came before it: a read of its entity, the user's
+        confirmation after that read, the user's own statement of the change."""
+        profile = trajectory.profile
+        found = []
+        for write in (call for call in trajectory.tool_calls if self.changes_state(call.name, profile)):
             entity = _entity(write)
             # A read of what the write changes; a change that returned the record (a booking) shows it too.
             reads = [
                 call for call in trajectory.tool_calls[: write.position]
                 if not call.failed and (
-                    (not self.changes_state(call.name) and (entity is None or _reads_entity(call, entity)))
-                    or (entity is not None and self.changes_state(call.name) and _returns_entity(call, entity))
+                    (not self.changes_state(call.name, profile) and (entity is None or _reads_entity(call, entity)))
+                    or (entity is not None and self.changes_state(call.name, profile) and _returns_entity(call, entity))
                 )
             ]  # fmt: skip
-            if not reads:
+            # The yes must come after the agent could show what it read; one yes may approve several changes.
+            since = _turn_of(trajectory, reads[0]) if reads else 0
+            before_write = _turn_of(trajectory, write)
+            asked = [turn for turn in trajectory.turns[:before_write] if turn.role == "user"]
+            confirmed = any(self.confirms(turn.content) for turn in trajectory.turns[since:before_write] if turn.role == "user")
+            found.append(_WriteCheck(write, entity, bool(reads), confirmed, _states_change(asked, write, entity), before_write))
+        return found
+
+    def observe(self, trajectory: Trajectory) -> Observation | None:
+        """What a run did before its changes, for the agent's profile; None without a change."""
+        checks = self.checks(trajectory)
+        if not checks:
+            return None
+        return Observation(all(item.read for item in checks), all(item.confirmed for item in checks), all(item.requested for item in checks))
+
+    def label(self, trajectory: Trajectory) -> Judgement:
+        profile = trajectory.profile or AgentProfile(trajectory.service_name)
+        checks = self.checks(trajectory)
+        if not checks:
+            return Judgement(Label.NA, "no state-changing tool was called")
+        if profile.read_first.lacks and profile.confirmation.lacks:
+            return Judgement(Label.NA, f"its policy asks neither a read nor a confirmation before a change ({profile.confirmation.evidence})")
+        requested = 0
+        for item in checks:
+            write, entity = item.write, item.entity
+            if not item.read and not profile.read_first.lacks:
                 subject = f" of {entity[0]} {entity[1]}" if entity else ""
                 return Judgement(Label.LACKING, f"{write.name} called without a prior read{subject}", _span(write))
-            # The yes must come after the agent could show what it read; one yes may approve several changes.
-            since = _turn_of(trajectory, reads[0])
-            before_write = _turn_of(trajectory, write)
-            confirmation = [
-                turn for turn in trajectory.turns[since:before_write] if turn.role == "user" and self.confirms(turn.content)
-            ]
-            if not confirmation:
-                return Judgement(
-                    Label.LACKING,
-                    f"{write.name} called without the user's confirmation after reading (message {before_write})",
-                    _span(write),
-                )
-        return Judgement(Label.PRESENT, f"{len(writes)} state-changing calls each read first and were confirmed")
+            if item.confirmed or profile.confirmation.lacks:
+                continue
+            if item.requested and profile.authorized_by_request():
+                requested += 1
+                continue
+            return Judgement(
+                Label.LACKING, f"{write.name} called without the user's confirmation after reading (message {item.position})", _span(write)
+            )  # fmt: skip
+        how = [
+            "read first" if not profile.read_first.lacks else "",
+            "were confirmed" if not profile.confirmation.lacks else "",
+        ]
+        stated = f", {requested} of them as the user's own message stated" if requested else ""
+        return Judgement(Label.PRESENT, f"{len(checks)} state-changing calls each {' and '.join(filter(None, how))}{stated}")
+
+
+@dataclass(frozen=True, slots=True)
+class _WriteCheck:
+    write: ToolCall
+    entity: tuple[str, str] | None
+    read: bool  # its entity was read before it
+    confirmed: bool  # a user turn after that read (or the start) confirms
+    requested: bool  # a user turn before it states the entity and the change
+    position: int  # the message it happened at
+
+
+def _states_change(turns: list[Any], write: ToolCall, entity: tuple[str, str] | None) -> bool:
+    """Whether one of the user's turns names the write's entity and its change: a value it writes
+    ("done", "infra", "Quarterly report") or the verb of its tool ("delete", "cancel", "reset")."""
+    if entity is None or not turns:
+        return False
+    key, value = entity
+    noun = set(key.lower().split("_")) | {"id", "ids"}
+    verbs = [word for word in write.name.lower().split("_") if len(word) >= 3 and word not in noun]
+    written = [
+        str(found).lower() for found_key, found in _walk(write.parsed_arguments())
+        if found_key != key and isinstance(found, (str, int, float)) and not isinstance(found, bool) and len(str(found)) >= 2
+    ]  # fmt: skip
+    def said(phrase: str, text: str) -> bool:
+        return re.search(rf"(?<![\w-]){re.escape(phrase)}(?![\w-])", text) is not None
+
+    def verb_of(word: str, verb: str) -> bool:  # "cancel": cancel, cancels, cancelled, cancellation; "add": add, adds, added
+        return word in (verb, f"{verb}s", f"{verb}ed", f"{verb}ing") or (len(verb) >= 5 and word.startswith(verb[:5]))
+
+    for turn in turns:
+        text = (turn.content or "").lower()
+        if not said(value.lower(), text):
+            continue
+        words = re.findall(r"[a-z]+", text)
+        if any(said(item, text) for item in written) or any(verb_of(word, verb) for verb in verbs for word in words):
+            return True
+    return False
 
 
 @dataclass(slots=True)
@@ -349,7 +421,7 @@ class MultiStepCompletion:
 
     settings: CapabilitySettings
     name: str = "rules.multi_step_completion"
-    version: str = "3"
+    version: str = "5"
 
     def label(self, trajectory: Trajectory) -> Judgement:
         calls = trajectory.tool_calls
@@ -370,7 +442,17 @@ class MultiStepCompletion:
                     Label.LACKING, f"{call.name} called {answered[key]} times with the same arguments and the same answer",
                     _span(call),
                 )  # fmt: skip
-        if len(calls) < 2:
+        listed = _listed_operations(trajectory)
+        if len(listed) >= 2:
+            touched = " ".join(f"{call.arguments or ''}" for call in calls if not call.failed)
+            skipped = [item for item in listed if not any(re.search(rf"(?<![\w-]){re.escape(entity)}(?![\w-])", touched) for entity in item)]
+            if skipped:
+                names = ", ".join(item[0] for item in skipped[:4])
+                return Judgement(
+                    Label.LACKING, f"the user listed {len(listed)} operations; no call carried out the one on {names}",
+                    _span(trajectory.turns[-1]) if trajectory.turns else (),
+                )  # fmt: skip
+        if len(calls) < 2 and len(listed) < 2:
             return Judgement(Label.NA, "fewer than two tool calls: not a multi-step task")
         assistant_turns = [turn for turn in trajectory.turns if turn.role == "assistant"]
         if self.settings.max_turns and len(assistant_turns) >= self.settings.max_turns:
@@ -381,7 +463,8 @@ class MultiStepCompletion:
         after = trajectory.turns[last.position + 1 :] if last.position < len(trajectory.turns) else []
         if last.tool_calls or (not last.content.strip() and any(turn.role == "tool" for turn in after)):
             final = calls[-1]
-            if self.settings.hands_off(final.name) and not final.failed:
+            handoff = trajectory.profile.handoff_tools if trajectory.profile else None
+            if (final.name in handoff if handoff is not None else self.settings.hands_off(final.name)) and not final.failed:
                 return Judgement(Label.PRESENT, f"{len(calls)} calls, then a hand-off to a person ({final.name})")
             return Judgement(
                 Label.LACKING, f"the run stops after calling {final.name} without a final answer", _span(final)
@@ -389,6 +472,20 @@ class MultiStepCompletion:
         if not last.content.strip():
             return Judgement(Label.LACKING, "the run ends on an empty assistant turn", _span(last))
         return Judgement(Label.PRESENT, f"{len(calls)} dependent calls ran to a final answer")
+
+
+_LIST_ITEM = re.compile(r"^\s*(?:\d{1,2}[.)]|[-*•])\s+(.+)$", re.MULTILINE)
+_ITEM_ID = re.compile(r"(?<![\w-])(?=[A-Za-z0-9_-]*\d)[A-Za-z][A-Za-z0-9_-]*\d[A-Za-z0-9_-]*(?![\w-])")
+
+
+def _listed_operations(trajectory: Trajectory) -> list[tuple[str, ...]]:
+    """The operations the user's first message lists, one per numbered or bulleted line, each as
+    the ids it names ("1. mark t6 as done" -> ("t6",)); lines that name no id are left out."""
+    first = next((turn for turn in trajectory.turns if turn.role == "user"), None)
+    if first is None or not first.content:
+        return []
+    items = [tuple(dict.fromkeys(_ITEM_ID.findall(line))) for line in _LIST_ITEM.findall(first.content)]
+    return [item for item in items if item]
 
 
 _MONTH = r"(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)"

@@ -12,11 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from importlib.metadata import entry_points
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from daemon.core.settings import CapabilitySettings
+
+if TYPE_CHECKING:
+    from daemon.analysis.profile import AgentProfile
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +139,8 @@ class Trajectory:
     tools_source: str = "trajectory"
     # The evaluators' verdicts on this run; [[capabilities.evaluations]] maps them to capabilities.
     evaluations: list[Evaluation] = field(default_factory=list)
+    # What the agent's policy requires before a change (daemon.analysis.profile); None: not known.
+    profile: AgentProfile | None = None
 
     def turn(self, position: int | None) -> Turn | None:
         if position is None or not (0 <= position < len(self.turns)):

@@ -8,6 +8,8 @@ Rules this module keeps:
   raised; the caller decides what a failure means (the labeler records ``Label.ERROR``).
 - Transport errors, HTTP 408/429 and 5xx are retried (within ``max_retries``); other HTTP errors
   (400, 401, 404 …) are not, since repeating the same request cannot fix them.
+- Every HTTP call, corrective retries included, first waits for its turn in the client's
+  ``CallBudget`` (``[llm] calls_per_minute``), which the client's threads share.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -49,6 +53,62 @@ class LLMOutputError(Exception):
         self.reply = reply
 
 
+class CallsStopped(Exception):
+    """The budget was closed (the daemon is stopping): no call is made, and nothing is judged from it."""
+
+
+class CallBudget:
+    """At most `calls` calls started in any `window_s` seconds (0 = unlimited), shared by threads.
+
+    ``acquire`` blocks until a call may start and records it; ``close`` wakes every waiter with
+    CallsStopped, and ChatClient.complete gives up on the answer it waits for: a stopping daemon
+    waits out neither the budget nor a slow model.
+    """
+
+    def __init__(self, calls: int, window_s: float = 60.0) -> None:
+        self.calls = calls
+        self.window_s = window_s
+        self._started: deque[float] = deque()  # monotonic start times within the last max(window, 60 s)
+        self.total = 0  # calls started since the budget was made
+        self._changed = threading.Condition()
+        self._closed = False
+
+    def _forget_before(self, now: float) -> None:
+        keep = max(self.window_s, 60.0)
+        while self._started and self._started[0] <= now - keep:
+            self._started.popleft()
+
+    def acquire(self) -> None:
+        """Wait for a free place in the window, then count this call; raises CallsStopped once closed."""
+        with self._changed:
+            while True:
+                if self._closed:
+                    raise CallsStopped("the LLM budget is closed: the daemon is stopping")
+                now = time.monotonic()
+                self._forget_before(now)
+                in_window = [start for start in self._started if start > now - self.window_s] if self.calls else []
+                if not self.calls or len(in_window) < self.calls:
+                    self._started.append(now)
+                    self.total += 1
+                    return
+                self._changed.wait(in_window[-self.calls] + self.window_s - now)  # until the oldest leaves
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def recent(self, seconds: float = 60.0) -> int:
+        """Calls started in the last `seconds` (at most max(window_s, 60))."""
+        with self._changed:
+            now = time.monotonic()
+            return sum(1 for start in self._started if start > now - seconds)
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+
 def one_line(text: str, limit: int) -> str:
     """The text on one line (whitespace runs become one space), cut to `limit` characters with "…"."""
     text = " ".join(str(text).split())
@@ -77,7 +137,10 @@ def _error_message(response: httpx.Response) -> str:
 
 
 class ChatClient:
-    """A minimal chat-completions client: one POST per call, errors become LLMUnavailable."""
+    """A minimal chat-completions client: one POST per call, within its budget; errors become LLMUnavailable.
+
+    Thread-safe (httpx's client is). It remembers when the endpoint last answered and last failed.
+    """
 
     def __init__(
         self,
@@ -87,6 +150,7 @@ class ChatClient:
         api_key: str | None = None,
         timeout_s: float = 60.0,
         transport: httpx.BaseTransport | None = None,
+        budget: CallBudget | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -96,15 +160,50 @@ class ChatClient:
             headers["Authorization"] = f"Bearer {api_key}"
         self._http = httpx.Client(timeout=timeout_s, headers=headers, transport=transport)
         self.timeout_s = timeout_s
+        self.budget = budget or CallBudget(0)
+        self.answered_at: float | None = None  # unix time of the last usable answer (HTTP status below 400)
+        self.failed_at: float | None = None  # unix time of the last call that got none (LLMUnavailable)
 
     @classmethod
     def from_settings(cls, settings: LLMSettings, environ: Mapping[str, str] | None = None) -> ChatClient:
         environ = os.environ if environ is None else environ
         api_key = environ.get(settings.api_key_env) or None
-        return cls(settings.base_url, settings.model, api_key=api_key, timeout_s=settings.timeout_s)
+        return cls(
+            settings.base_url, settings.model, api_key=api_key, timeout_s=settings.timeout_s,
+            budget=CallBudget(settings.calls_per_minute),
+        )  # fmt: skip
 
     def complete(self, messages: Sequence[Mapping[str, str]], temperature: float, seed: int | None) -> str:
-        """The assistant message's text ("" when it has none); raises LLMUnavailable."""
+        """The assistant message's text ("" when it has none); waits for the budget; raises LLMUnavailable
+        (or CallsStopped once the budget is closed)."""
+        self.budget.acquire()
+        # The POST runs on a daemon thread of its own: once the budget is closed (the daemon stops),
+        # the caller gives up on a slow answer at once instead of holding the exit for timeout_s.
+        outcome: list[Any] = []
+        call = threading.Thread(target=self._post, args=(messages, temperature, seed, outcome), name="llm-call", daemon=True)
+        call.start()
+        while call.is_alive():
+            if self.budget.closed:
+                raise CallsStopped("the LLM budget is closed: the daemon is stopping")
+            call.join(0.1)
+        if isinstance(outcome[0], LLMUnavailable):
+            self.failed_at = time.time()
+            raise outcome[0]
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        self.answered_at = time.time()
+        return outcome[0]
+
+    def _post(
+        self, messages: Sequence[Mapping[str, str]], temperature: float, seed: int | None, outcome: list[Any]
+    ) -> None:
+        """Appends the assistant message's text, or the exception the call raised, to `outcome`."""
+        try:
+            outcome.append(self._ask_endpoint(messages, temperature, seed))
+        except BaseException as error:  # handed to the caller's thread, which raises it
+            outcome.append(error)
+
+    def _ask_endpoint(self, messages: Sequence[Mapping[str, str]], temperature: float, seed: int | None) -> str:
         payload: dict[str, Any] = {
             "model": self.model,
             "messages": [dict(message) for message in messages],

@@ -17,6 +17,8 @@ Rules this module keeps:
   endpoint that is unavailable and returns ERROR for the remaining runs of that trajectory.
 - ``LLMLabeler.version`` hashes the prompt templates, the model and the capability (name and
   description): changing any of them relabels.
+- ``LLMLabeler.deferred``: the analysis pass leaves these capabilities to ``LLMJudging``
+  (judging.py), which judges them concurrently within ``[llm] concurrency`` and ``calls_per_minute``.
 """
 
 from __future__ import annotations
@@ -83,6 +85,10 @@ def _version(*parts: str) -> str:
 
 class LLMLabeler:
     """Labels one capability with an LLM; ``label_runs`` gives one judgement per repeated run."""
+
+    # Judged beside the analysis pass (daemon/analysis/judging.py), never inside it: a model takes
+    # seconds a call, and rule labels and statistics must not wait for it.
+    deferred = True
 
     def __init__(self, client: ChatClient, capability_name: str, description: str, settings: LLMSettings) -> None:
         self.client = client

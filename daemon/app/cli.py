@@ -6,6 +6,7 @@ import logging
 import math
 import sys
 from pathlib import Path
+from urllib.parse import quote
 from typing import Any
 
 import click
@@ -190,6 +191,32 @@ def demo(
     sys.exit(status)
 
 
+def _llm_lines(llm: dict[str, Any]) -> list[str]:
+    """`tracefix status`'s lines on the LLM labels judged beside the analysis: progress, budget, endpoint."""
+    import time
+
+    def ago(at: float) -> str:
+        return f"{max(0.0, time.time() - at):.0f} s ago"
+
+    pending = "?" if llm["pending"] is None else llm["pending"]
+    budget = f"{llm['calls_per_minute']} calls/min" if llm["calls_per_minute"] else "unlimited calls"
+    lines = [
+        f"llm labels: {pending} pending, {llm['in_flight']} in flight, {llm['judged']} judged by this daemon "
+        f"({llm['judged_last_minute']} in the last minute, {llm['calls_last_minute']} calls; "
+        f"budget {budget}, concurrency {llm['concurrency']})"
+    ]
+    if llm["endpoint_answering"] is None:
+        lines.append("llm endpoint: not called yet")
+    elif llm["endpoint_answering"]:
+        lines.append(f"llm endpoint: answering (last answer {ago(llm['last_answer_at'])})")
+    else:
+        last = f"last answer {ago(llm['last_answer_at'])}" if llm["last_answer_at"] else "no answer yet"
+        lines.append(f"llm endpoint: NOT answering ({last}); judgements resume when it does")
+    if llm["last_error"]:
+        lines.append(f"llm last error, {ago(llm['last_error']['at'])}: {llm['last_error']['message']}")
+    return lines
+
+
 @main.command()
 @config_option
 @json_option
@@ -221,6 +248,8 @@ def status(config_path: Path | None, as_json: bool) -> None:
     console.print(table)
     for name, url in data["endpoints"].items():
         console.print(f"{name}: {url}")
+    for line in _llm_lines(data["llm"]) if data.get("llm") else []:
+        console.print(line, markup=False, highlight=False)
 
 
 def _client_call(config_path: Path | None, method: str, path: str, body: Any = None, **params: Any) -> Any:
@@ -694,6 +723,48 @@ def train(
 
 
 @main.group()
+def agents() -> None:
+    """The agents that send runs: each one's counts, and its profile (what its policy requires before a change)."""
+
+
+@agents.command(name="list")
+@config_option
+@json_option
+def agents_list(config_path: Path | None, as_json: bool) -> None:
+    """Every agent with its runs by outcome, and the [[capabilities.agents]] overrides not applied."""
+    data = _client_call(config_path, "GET", "/api/agents")
+    if as_json:
+        _print_json(data)
+        return
+    for item in data["items"]:
+        name = item["service_name"] + (f" ({item['agent_name']})" if item.get("agent_name") else "")
+        click.echo(f"{name}: {item['trajectories']} runs ({item['success']} succeeded, {item['failure']} failed, {item['unknown']} unknown)")
+    for reason in data.get("refused") or []:
+        click.echo(f"refused: {reason}", err=True)
+
+
+@agents.command(name="show")
+@click.argument("name")
+@config_option
+@json_option
+def agents_show(name: str, config_path: Path | None, as_json: bool) -> None:
+    """One agent's profile: each rule its policy has, has not, or leaves undecided, with the evidence."""
+    profile = _client_call(config_path, "GET", f"/api/agents/{quote(name, safe='')}/profile")
+    if as_json:
+        _print_json(profile)
+        return
+    click.echo(f"{profile['agent']}: observed on {profile['observed_runs']} successful runs that changed state")
+    wording = {True: "yes", False: "no", None: "undecided"}
+    for rule, value in profile["rules"].items():
+        click.echo(f"  {rule}: {wording[value['value']]}  ({value['source']}: {value['evidence']})")
+    for kind in ("state_changing_tools", "handoff_tools"):
+        listed = profile.get(kind)
+        click.echo(f"  {kind}: {', '.join(listed) if listed is not None else 'by the [capabilities] name patterns'}")
+    for reason in profile.get("refused") or []:
+        click.echo(f"refused: {reason}", err=True)
+
+
+@main.group()
 def adapters() -> None:
     """Adapter versions: list them, show one with its evaluation, approve, reject or roll back."""
 
@@ -795,15 +866,20 @@ def adapters_rollback(adapter_id: int, reason: str, config_path: Path | None, as
 @main.command(name="import")
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option(
-    "--format", "run_format", type=click.Choice(["otlp", "tau-bench", "tau2-bench"]), default="otlp", show_default=True,
-    help="otlp: OTLP/JSON export requests; tau-bench / tau2-bench: a benchmark's recorded runs, sent as GenAI traces.",
+    "--format", "run_format", type=click.Choice(["otlp", "tau-bench", "tau2-bench", "messages"]), default="otlp", show_default=True,
+    help="otlp: OTLP/JSON export requests; tau-bench / tau2-bench: a benchmark's recorded runs; messages: runs as OpenAI"
+    " chat transcripts (docs/collector.md); all but otlp are sent as GenAI traces.",
 )  # fmt: skip
 @click.option(
     "--tools", "tools_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Tool definitions (OpenAI function format) the runs were given, for formats whose runs do not carry them.",
 )  # fmt: skip
-@click.option("--service-name", default=None, help="service.name of imported runs (default: the format's name).")
-@click.option("--agent-name", default=None, help="gen_ai.agent.name of imported runs (default: the file's name).")
+@click.option(
+    "--service-name", default=None, help="service.name of imported runs (default: each run's agent, else the format's name)."
+)
+@click.option(
+    "--agent-name", default=None, help="gen_ai.agent.name of imported runs (default: each run's agent, else the file's name)."
+)
 @click.option("--model", default=None, help="gen_ai.request.model of imported runs, when the file does not say.")
 @config_option
 @json_option
@@ -812,7 +888,7 @@ def import_(
     model: str | None, config_path: Path | None, as_json: bool,
 ) -> None:  # fmt: skip
     """Load runs you already have through the collector: OTLP/JSON (one export request per line, or one
-    document), or τ-bench / τ²-bench results turned into the traces an instrumented agent sends."""
+    document), or τ-bench / τ²-bench results or chat transcripts turned into the traces an instrumented agent sends."""
     from collectors.agent_runs import RunFormatError, trace_requests
     from collectors.run_formats import read_runs
     from collectors.importer import ImportFailed, import_file, import_requests
@@ -825,11 +901,13 @@ def import_(
     try:
         if run_format == "otlp":
             if tools_path is not None:
-                raise click.ClickException("--tools applies to --format tau-bench or tau2-bench")
+                raise click.ClickException("--tools applies to --format tau-bench, tau2-bench or messages")
             report = import_file(file, endpoint, settings.collector.token)
         else:
             runs = list(read_runs(file, run_format, tools_path))
-            requests = trace_requests(runs, service_name or run_format, agent_name or file.stem, model)
+            requests = trace_requests(
+                runs, service_name, agent_name, model, default_service=run_format, default_agent=file.stem
+            )
             report = import_requests(enumerate(requests, start=1), endpoint, settings.collector.token, unit="run")
     except (ImportFailed, RunFormatError) as error:
         raise click.ClickException(str(error)) from None

@@ -20,6 +20,7 @@ from collectors.otlp import Limits
 from collectors.trajectories import Assembler
 from daemon.core import generalist, metrics
 from daemon.analysis.analyzer import Analyzer
+from daemon.analysis.judging import LLMJudging
 from daemon.app.api import create_api
 from daemon.analysis.registry import build_registry
 from daemon.core.settings import Settings
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 # itself, for what else is queued) instead of leaving them to their next interval: a gap's
 # environment is validated, trained and taken to the router without 10-second waits between.
 FOLLOWING = {
+    "analyze": ("judge",),  # new trajectories' rule labels are in: the LLM judges them now
     "trigger": ("synthesize",),
     "synthesize": ("validate",),
     "validate": ("validate", "train"),
@@ -83,7 +85,8 @@ class Daemon:
         )  # fmt: skip
         self.registry = build_registry(settings.capabilities, settings.llm)
         self.analysis_store = AnalysisStore(self.store)
-        self.analyzer = Analyzer(self.store, self.registry, settings.analysis)
+        self.analyzer = Analyzer(self.store, self.registry, settings.analysis, settings.capabilities)
+        self.judging = LLMJudging(self.analyzer, settings.llm)
         self.trigger = Trigger(self.store, self.registry, settings.analysis, settings.trigger)
         self.synthesizer = Synthesizer(self.analysis_store, self.registry, settings.capabilities)
         self.validator = Validator(self.analysis_store, settings)
@@ -168,7 +171,7 @@ class Daemon:
                     break
         metrics.ASSEMBLER_LAG.set(max(0, self.writer.committed_batch - self.assembler.assembled_batch))
 
-    def _analyze(self) -> None:
+    def _analyze(self) -> int:
         result = self.analyzer.run_pass()
         self.last_analysis = {
             "pass_id": result.pass_id,
@@ -176,6 +179,7 @@ class Daemon:
             "seconds": round(result.seconds, 3),
             "at": time.time(),
         }
+        return result.labeled
 
     def _retention(self) -> None:
         cutoff = time.time_ns() - int(self.settings.retention.span_days * 86400 * 1e9)
@@ -279,6 +283,10 @@ class Daemon:
             ("gate", self.gates.run_pass, promotion, 2),
             ("retention", self._retention, self.settings.retention.interval_s, 1),
         )
+        if self.judging.capabilities:
+            # LLM labels, judged beside the analysis; a pass runs as long as there is work, and a
+            # second instance returns at once while one runs, instead of a "skipped" warning.
+            jobs += (("judge", self.judging.run_pass, analysis, 2),)
         for job_id, function, seconds, instances in jobs:
             self._runners[job_id] = self._job(job_id, function)
             self.scheduler.add_job(self._runners[job_id], "interval", seconds=seconds, id=job_id, max_instances=instances)
@@ -291,6 +299,7 @@ class Daemon:
         if self.grpc_receiver is not None:
             self.grpc_receiver.stop()
         self.validator.stop()  # else the scheduler would wait for a model run to finish
+        self.judging.stop()  # nor for the LLM's judgements in flight
         self.training.stop()
         self.gates.stop()
         if self.scheduler.running:

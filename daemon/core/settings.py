@@ -136,6 +136,24 @@ class EvaluationMapping(Section):
     _snake_case = field_validator("capability")(staticmethod(capability_name))
 
 
+class AgentSettings(Section):
+    """One [[capabilities.agents]] entry: what one agent's policy requires before a change, where its
+    instructions and runs do not say it or say it wrongly (docs/capabilities.md, "Agent profiles")."""
+
+    name: str = Field(min_length=1, description="The agent: its service.name (or gen_ai.agent.name).")
+    confirmation: bool | None = Field(None, description="Whether its changes need the user's explicit confirmation; unset: inferred.")
+    read_first: bool | None = Field(None, description="Whether it must read an entity before changing it; unset: inferred.")
+    request_authorizes: bool | None = Field(
+        None, description="Whether a change the user's own message states (entity and change) needs no separate yes; unset: inferred."
+    )
+    state_changing_tools: list[str] | None = Field(
+        None, description="Its tools that change state, in place of the name patterns; each must be one of its tools."
+    )
+    handoff_tools: list[str] | None = Field(
+        None, description="Its tools that hand the conversation to a person, in place of the name patterns; each must be one of its tools."
+    )
+
+
 class CapabilitySettings(Section):
     """What the rule labelers count as a state change, a confirmation, a hand-off and a loop; your evaluations as
     capability labels.
@@ -147,13 +165,16 @@ class CapabilitySettings(Section):
     state_changing_prefixes: list[str] = Field(
         default_factory=lambda: [
             "update_", "cancel_", "book_", "create_", "delete_", "send_", "transfer_", "modify_", "issue_", "add_", "remove_",
+            "set_", "change_", "edit_", "rename_", "mark_", "move_", "assign_", "reset_", "unlock_", "lock_", "enable_", "disable_",
+            "activate_", "deactivate_", "suspend_", "grant_", "revoke_", "approve_", "submit_", "close_", "archive_", "restore_",
+            "refund_", "charge_", "pay_", "schedule_", "upgrade_", "downgrade_", "return_", "exchange_",
         ],  # fmt: skip
         description="A tool whose name starts with one of these changes state.",
     )
     confirmation_phrases: list[str] = Field(
         default_factory=lambda: [
             "yes", "yeah", "yep", "confirm", "go ahead", "proceed", "please do", "do it", "sure", "ok", "okay", "correct",
-            "that's right", "looks good", "sounds good",
+            "that's right", "looks good", "sounds good", "absolutely", "definitely", "go for it",
         ],  # fmt: skip
         description="A user turn containing one of these confirms a pending change.",
     )
@@ -172,6 +193,26 @@ class CapabilitySettings(Section):
         examples=[[{"name": "verification_judge", "capability": "precondition_verification", "lacking_below": 0.5}]],
     )
 
+    agents: list[AgentSettings] = Field(
+        default_factory=list,
+        description="Per agent, what its policy requires before a change, overriding what its instructions and runs show"
+        " ([[capabilities.agents]], matched by service name; docs/capabilities.md).",
+        examples=[[{"name": "todo-agent", "confirmation": False, "read_first": False, "state_changing_tools": ["update_task", "delete_task"]}]],
+    )
+
+    @field_validator("agents")
+    @classmethod
+    def _one_entry_per_agent(cls, agents: list[AgentSettings]) -> list[AgentSettings]:
+        named = [entry.name for entry in agents]
+        twice = sorted({name for name in named if named.count(name) > 1})
+        if twice:
+            raise ValueError(f"each agent may have one [[capabilities.agents]] entry; named more than once: {', '.join(twice)}")
+        return agents
+
+    def agent(self, name: str) -> AgentSettings | None:
+        """The [[capabilities.agents]] entry of agent `name`, if any."""
+        return next((entry for entry in self.agents if entry.name == name), None)
+
     def changes_state(self, tool: str) -> bool:
         """Whether calling `tool` changes state: the labelers and the environments both ask this."""
         if tool in self.state_changing_tools:
@@ -189,6 +230,9 @@ class AnalysisSettings(Section):
 
     interval_s: float = Field(30.0, gt=0, description="How often labeling and statistics run.")
     label_batch: int = Field(20000, ge=1, description="Most trajectories labeled per capability in one pass.")
+    profile_refresh_s: float = Field(
+        300.0, gt=0, description="How often each agent's profile (what its policy requires before a change) is derived again from its newest runs."
+    )
     error_retry_s: float = Field(
         900.0, ge=0, description="A pair whose labeler gave no verdict (LLM endpoint down) is labeled again after this; 0 = never."
     )
@@ -585,7 +629,9 @@ class CustomCapability(Section):
 
 
 class LLMSettings(Section):
-    """An LLM labeler for capabilities the rules do not cover (any OpenAI-compatible endpoint)."""
+    """An LLM labeler for capabilities the rules do not cover (any OpenAI-compatible endpoint), judged beside the
+    analysis: rule labels and statistics never wait for it.
+    """
 
     enabled: bool = Field(False, description="Label the custom capabilities with an LLM (needs a reachable endpoint).")
     base_url: str = Field(
@@ -609,6 +655,12 @@ class LLMSettings(Section):
     )
     max_transcript_chars: int = Field(
         12000, ge=1000, description="A longer transcript is cut in the middle (its start and end are kept)."
+    )
+    concurrency: int = Field(
+        4, ge=1, le=64, description="Trajectories judged at once beside the analysis, one chat-completions request in flight each."
+    )
+    calls_per_minute: int = Field(
+        60, ge=0, le=100000, description="Most chat-completions calls started in any 60 s, corrective retries included; 0 = unlimited."
     )
     custom: list[CustomCapability] = Field(
         default_factory=list,

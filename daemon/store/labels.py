@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
 import duckdb
+import orjson
 import pyarrow as pa
 
 from daemon.core.semconv import EVALUATION_EVENT
@@ -182,6 +183,29 @@ class LabelStore(Tables):
         cursor.unregister(_CURRENT)
         return [row[0] for row in rows]
 
+    def unjudged(
+        self, capability: str, labeler: str, version: str, limit: int, taken: Sequence[str] = ()
+    ) -> tuple[list[tuple[str, int]], int]:
+        """One capability's trajectories without a label of this labeler version, or reassembled since,
+        newest first: up to `limit` (trajectory id, updated batch) not in `taken`, and how many there are
+        in all (`taken` included)."""
+        cursor = self.store.cursor
+        unjudged = """
+            FROM trajectories t WHERE NOT EXISTS (
+                SELECT 1 FROM labels l WHERE l.trajectory_id = t.trajectory_id AND l.capability = $capability
+                AND l.labeler = $labeler AND l.labeler_version = $version AND l.labeled_batch >= t.updated_batch
+            )
+        """
+        which = {"capability": capability, "labeler": labeler, "version": version}
+        total = cursor.execute(f"SELECT count(*) {unjudged}", which).fetchall()[0][0]
+        rows = cursor.execute(
+            f"SELECT t.trajectory_id, t.updated_batch {unjudged} "
+            "AND t.trajectory_id NOT IN (SELECT unnest($taken::VARCHAR[])) "
+            "ORDER BY t.updated_batch DESC, t.trajectory_id LIMIT $limit",
+            {**which, "taken": list(taken), "limit": limit},
+        ).fetchall()
+        return [(row[0], row[1]) for row in rows], total
+
     def errored(self, capability: str, labeler: str, version: str, before: Any, limit: int) -> list[str]:
         """Trajectories with an ERROR label from this labeler version, labeled before `before`."""
         rows = self.store.cursor.execute(
@@ -190,6 +214,14 @@ class LabelStore(Tables):
             [capability, labeler, version, before, limit],
         ).fetchall()
         return [row[0] for row in rows]
+
+    def errored_count(self, capability: str, labeler: str, version: str) -> int:
+        """How many trajectories have an ERROR label from this labeler version (each waits for its retry)."""
+        return self.store.cursor.execute(
+            "SELECT count(DISTINCT trajectory_id) FROM labels WHERE capability = ? AND labeler = ? "
+            "AND labeler_version = ? AND label = 'ERROR'",
+            [capability, labeler, version],
+        ).fetchall()[0][0]
 
     def last_assembled_batch(self) -> int:
         return self.store.cursor.execute("SELECT coalesce(max(updated_batch), 0) FROM trajectories").fetchall()[0][0]
@@ -292,6 +324,47 @@ class LabelStore(Tables):
             if capability is None:
                 return tx.execute("DELETE FROM labels").fetchall()[0][0]
             return tx.execute("DELETE FROM labels WHERE capability = ?", [capability]).fetchall()[0][0]
+
+    def forget_agent_labels(self, agents: Sequence[str], capabilities: Sequence[str]) -> int:
+        """Delete these agents' labels of these capabilities (their profile changed): the next pass labels them again."""
+        with self.store.transaction() as tx:
+            return tx.execute(
+                "DELETE FROM labels WHERE capability IN (SELECT unnest(?::VARCHAR[])) AND trajectory_id IN "
+                "(SELECT trajectory_id FROM trajectories WHERE service_name IN (SELECT unnest(?::VARCHAR[])))",
+                [list(capabilities), list(agents)],
+            ).fetchall()[0][0]
+
+    def recent_trajectory_ids(self, agent: str, outcome: str | None, limit: int) -> list[str]:
+        """The agent's newest trajectories (of one outcome, or any), newest first."""
+        rows = self.store.cursor.execute(
+            "SELECT t.trajectory_id FROM trajectories t JOIN trajectory_outcomes o USING (trajectory_id) "
+            "WHERE t.service_name = ? AND (? IS NULL OR o.outcome = ?) ORDER BY t.updated_batch DESC, t.trajectory_id LIMIT ?",
+            [agent, outcome, outcome, limit],
+        ).fetchall()
+        return [row[0] for row in rows]
+
+    def successes_of(self, agent: str) -> int:
+        """How many successful runs the agent (service) has sent."""
+        return self.store.cursor.execute(
+            "SELECT count(*) FROM trajectories t JOIN trajectory_outcomes o USING (trajectory_id) WHERE t.service_name = ? AND o.outcome = 'success'",
+            [agent],
+        ).fetchall()[0][0]
+
+    def services(self) -> list[str]:
+        """Every agent (service) that sent trajectories."""
+        return [row[0] for row in self.store.cursor.execute("SELECT DISTINCT service_name FROM trajectories ORDER BY 1").fetchall()]
+
+    def agent_profiles(self) -> dict[str, tuple[str, dict[str, Any]]]:
+        """Each agent's profile as last derived: agent -> (fingerprint, profile)."""
+        rows = self.store.cursor.execute("SELECT agent, fingerprint, profile FROM agent_profiles").fetchall()
+        return {agent: (fingerprint, orjson.loads(profile)) for agent, fingerprint, profile in rows}
+
+    def save_agent_profile(self, agent: str, fingerprint: str, profile: dict[str, Any]) -> None:
+        with self.store.transaction() as tx:
+            tx.execute(
+                "INSERT OR REPLACE INTO agent_profiles (agent, fingerprint, profile, derived_at) VALUES (?, ?, ?, now())",
+                [agent, fingerprint, orjson.dumps(profile).decode()],
+            )
 
     def compute_stats(
         self, current: Sequence[tuple[str, str, str]], windows: Sequence[tuple[str, int | None]], thresholds: Thresholds

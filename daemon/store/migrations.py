@@ -392,4 +392,18 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    Migration(
+        10,
+        "agent profiles",
+        """
+        -- What each agent's policy requires before a change (daemon/analysis/profile.py), as last
+        -- derived: a change of its fingerprint relabels the agent's runs.
+        CREATE TABLE agent_profiles (
+            agent VARCHAR PRIMARY KEY,
+            fingerprint VARCHAR NOT NULL,
+            profile VARCHAR NOT NULL,  -- JSON: the rules with their evidence
+            derived_at TIMESTAMPTZ NOT NULL
+        );
+        """,
+    ),
 )

@@ -2,16 +2,18 @@
 coverage, the failure rate with its interval and the trend over analysis passes, with the paper's
 selection thresholds drawn. Selected capabilities (those that trigger training) are highlighted; when
 failed runs go unexplained while only rules label them, the daemon's diagnosis is shown above the table.
-Below, per agent, its generalist's state or why it waits."""
+Below, per agent, its generalist's state or why it waits; with one agent chosen, its profile: what its
+policy requires before a change, with the evidence."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 import streamlit as st
 
-from dashboard import charts, generalist
+from dashboard import agent_profile, charts, generalist, llm_labels
 from dashboard.capability_table import health_table, render_table, stats_row
 from dashboard.page import PageContext, no_traces, show
 
@@ -75,6 +77,7 @@ def render(context: PageContext) -> None:
     api, settings = context.api, context.settings
     st.title("Capability health")
     status = api.get("/api/status")
+    llm_labels.render(status.get("llm"))
     if status["counts"]["trajectories"] == 0:
         no_traces(settings, status)
         return
@@ -91,7 +94,11 @@ def render(context: PageContext) -> None:
     default = settings.analysis.selection_window if settings.analysis.selection_window in windows else windows[0]
     left, right = st.columns(2)
     window = left.selectbox("Statistics window", windows, index=windows.index(default), key="health_window")
-    names = sorted({name for agent in api.get("/api/agents")["items"] for name in (agent["service_name"], agent["agent_name"]) if name})
+    agents = api.get("/api/agents")
+    services = {item["service_name"] for item in agents["items"]}
+    names = sorted({name for item in agents["items"] for name in (item["service_name"], item["agent_name"]) if name})
+    for reason in agents.get("refused") or []:
+        st.warning(reason, icon=":material/block:")
     agent = right.selectbox("Agent", [ALL_AGENTS, *names], key="health_agent", help=AGENT_HELP)
     if agent == ALL_AGENTS:
         histories = {item["name"]: api.get(f"/api/capabilities/{item['name']}", window=window)["history"] for item in items}
@@ -118,6 +125,8 @@ def render(context: PageContext) -> None:
     history = [row for rows_of in histories.values() for row in rows_of]
     render_charts(rows, history, context)
     render_states(items)
+    if agent in services:
+        agent_profile.render(agent, api.get(f"/api/agents/{quote(agent, safe='')}/profile"))
     generalist.render_overview(api)
 
 

@@ -1,4 +1,5 @@
-"""Agents: who sends trajectories, and each one's own capability statistics.
+"""Agents: who sends trajectories, each one's own capability statistics, and its profile (what its
+policy requires before a change, with the evidence: daemon/analysis/profile.py).
 
 One tracefix daemon often watches several agents (services, or named agents inside one service) or
 several policies of one agent. The selection statistics pool them all; an agent's own view counts
@@ -18,8 +19,24 @@ router = APIRouter()
 
 @router.get("/api/agents")
 def agents(daemon: CurrentDaemon) -> dict[str, Any]:
-    """Each agent (service.name, and gen_ai.agent.name where the spans give one) with its trajectory counts by outcome."""
-    return {"items": daemon.analysis_store.agents()}
+    """Each agent (service.name, and gen_ai.agent.name where the spans give one) with its trajectory
+    counts by outcome; `refused`: the [[capabilities.agents]] overrides not applied, with the name."""
+    return {"items": daemon.analysis_store.agents(), "refused": daemon.analyzer.refused_overrides()}
+
+
+@router.get("/api/agents/{agent}/profile")
+def agent_profile(agent: str, daemon: CurrentDaemon) -> dict[str, Any]:
+    """What the agent's policy requires before a change — confirmation, a read first, whether the
+    user's own request authorizes — each rule with its value (true, false or null: undecided),
+    its source and its evidence, as the labelers consult it; derived now when not yet derived."""
+    if agent not in daemon.analysis_store.services():
+        known = daemon.analysis_store.services()
+        raise HTTPException(404, f"no trajectories from agent {agent!r}; known: {', '.join(known) or 'none yet'}")
+    profile = daemon.analyzer.profiles.get(agent)
+    if profile is None:
+        daemon.analyzer.profiles.refresh([agent], force=True)
+        profile = daemon.analyzer.profiles.get(agent)
+    return profile.to_dict() if profile else {}
 
 
 @router.get("/api/agents/{agent}/capabilities")

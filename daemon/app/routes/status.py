@@ -1,4 +1,4 @@
-"""The daemon's status page: health, store size and counts, ingest positions, loaded capabilities."""
+"""The daemon's status page: health, store size and counts, ingest positions, loaded capabilities, LLM judging."""
 
 from __future__ import annotations
 
@@ -40,6 +40,8 @@ def status(request: Request, daemon: CurrentDaemon) -> dict[str, Any]:
         "outcomes": {name: counts.get(name, 0) for name in ("success", "failure", "unknown")},
         "ingest": ingest,
         "analysis": daemon.last_analysis,
+        # The LLM labeler's progress beside the analysis (daemon/analysis/judging.py); null when off.
+        "llm": daemon.judging.status() if daemon.settings.llm.enabled else None,
         "capabilities": daemon.registry.names(),
         "plugin_errors": daemon.registry.errors,
         "endpoints": daemon.endpoints,
