@@ -205,3 +205,25 @@ def test_a_daemon_derives_each_agents_profile_serves_it_and_labels_again_when_it
     finally:
         for sender in (todo, support, quiet):
             sender.close()
+
+
+def test_an_error_that_names_the_fix_and_a_tool_never_called_again_is_lacking_error_recovery() -> None:
+    from daemon.analysis.builtin_capabilities import ErrorRecovery
+    from daemon.analysis.capabilities import ToolSpec
+
+    blocked = "Error: t19 blocks other tasks; call delete_task with force=true to delete it anyway"
+    schema = {"type": "object", "properties": {"task_id": {"type": "string"}, "force": {"type": "boolean"}}, "required": ["task_id"]}
+
+    def judged(*steps: RunCall | RunSay):  # type: ignore[no-untyped-def]
+        trajectory = run(RunUser("1. delete t19\n2. list what is open"), *steps, system=TODO)
+        trajectory.tools["delete_task"] = ToolSpec("delete_task", "", schema)
+        return ErrorRecovery().label(trajectory)
+
+    listing = RunCall("list_tasks", {"status": "open"}, {"tasks": []})
+    gave_up = judged(RunCall("delete_task", {"task_id": "t19"}, blocked), listing, RunSay("I couldn't delete t19."))
+    assert gave_up.label == Label.LACKING and "naming its argument 'force' as the fix" in gave_up.reason
+    forced = RunCall("delete_task", {"task_id": "t19", "force": True}, {"deleted": "t19"})
+    assert judged(RunCall("delete_task", {"task_id": "t19"}, blocked), forced, listing, RunSay("Deleted t19.")).label == Label.PRESENT
+    # An error that names no argument of the tool, followed by other work, is no such case.
+    refused = "Error: the ledger is read-only today"
+    assert judged(RunCall("delete_task", {"task_id": "t19"}, refused), listing, RunSay("The ledger is read-only.")).label == Label.PRESENT

@@ -385,10 +385,11 @@ def _states_change(turns: list[Any], write: ToolCall, entity: tuple[str, str] | 
 
 @dataclass(slots=True)
 class ErrorRecovery:
-    """LACKING when a failing call is repeated unchanged, or the run ends without fixing the error."""
+    """LACKING when a failing call is repeated unchanged, the run ends without fixing the error, or
+    the error named the fix (an argument of the tool the call left out) and the tool was not called again."""
 
     name: str = "rules.error_recovery"
-    version: str = RULES_VERSION
+    version: str = "2"
 
     def label(self, trajectory: Trajectory) -> Judgement:
         calls = trajectory.tool_calls
@@ -408,7 +409,25 @@ class ErrorRecovery:
                 return Judgement(
                     Label.LACKING, f"the run ends without a fix after {failed.name} failed: {reason}", _span(failed)
                 )
+            named = _fix_named(trajectory, failed)
+            if named and not any(call.name == failed.name for call in later):
+                return Judgement(
+                    Label.LACKING, f"{failed.name} failed naming its argument {named!r} as the fix, and was not called again", _span(failed)
+                )  # fmt: skip
         return Judgement(Label.PRESENT, f"recovered from {len(failures)} tool errors")
+
+
+def _fix_named(trajectory: Trajectory, failed: ToolCall) -> str | None:
+    """An argument of the failed tool (from its schema) that its error names and the call did not
+    pass ("call delete_task with force=true"): the error said how to fix the call."""
+    spec = trajectory.tools.get(failed.name)
+    properties = (spec.parameters or {}).get("properties") if spec is not None else None
+    if not isinstance(properties, dict):
+        return None
+    text = failed.error or failed.result or ""
+    passed = failed.parsed_arguments()
+    passed = passed if isinstance(passed, dict) else {}
+    return next((name for name in properties if name not in passed and re.search(rf"(?<![\w]){re.escape(name)}(?![\w])", text)), None)
 
 
 @dataclass(slots=True)
