@@ -287,6 +287,11 @@ def test_an_environment_selected_before_the_generalist_went_live_waits_to_be_sel
         analysis.add_environment(family.capability, environment.spec(), AGENT, tools, None, "checked", {"passed": True})
         runner = TrainingRunner(analysis, runs, Settings(store=StoreSettings(path=tmp_path / "tracefix.duckdb")))
         assert runs.environment_to_train(False, True, runner._waits)["environment_id"] == 1  # no generalist: it trains
+        # Carrying a goal through its steps comes first among ready environments, even when selected later.
+        steps = load_families()["multi_step_completion"]
+        analysis.add_environment(steps.capability, Environment(steps, load_tools(tools), steps.levels[0]).spec(), AGENT, tools, None, "checked", {"passed": True})
+        assert runs.environment_to_train(False, True)["capability"] == "multi_step_completion"
+        store.query("DELETE FROM environments WHERE capability = 'multi_step_completion'")
         run = runs.create_generalist_run(GENERALIST, AGENT, {}, str(tmp_path / "runs"), [], [])
         runs.set_run_status(run["run_id"], "queued", "running")
         adapter_id = runs.add_candidate(run, "unused", "x", {"evaluation": {}})

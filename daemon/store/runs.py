@@ -28,6 +28,10 @@ def _decoded(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+# Trained first among the ready environments: carrying a goal's steps through in sequence is what an
+# agent that gets each step right still lacks (a generalist that stops before the change, say).
+FIRST = ("multi_step_completion",)
+
 class RunStore(Tables):
     """Training runs, their environments and the adapters they produce: every statement on those tables."""
 
@@ -36,17 +40,17 @@ class RunStore(Tables):
     def environment_to_train(
         self, validation_enabled: bool, warm_start: bool, waiting: Callable[[dict[str, Any]], bool] = lambda environment: False
     ) -> dict[str, Any] | None:
-        """The oldest environment ready for training that has no run yet: validated; or rejected by
-        the gate only because the base is too weak, when a warm start is configured; or checked,
-        when validation is off. One for which `waiting(environment)` holds (its agent's generalist
-        is on its way, say) is left for later."""
+        """The oldest environment ready for training that has no run yet — those of ``FIRST`` before
+        the others: validated; or rejected by the gate only because the base is too weak, when a
+        warm start is configured; or checked, when validation is off. One for which
+        `waiting(environment)` holds (its agent's generalist is on its way, say) is left for later."""
         rows = _decoded(
             self.store.query(
                 "SELECT e.* FROM environments e WHERE NOT EXISTS "
                 "(SELECT 1 FROM training_runs r WHERE r.environment_id = e.environment_id) "
                 "AND (e.status = 'validated' OR (e.status = 'checked' AND NOT ?) OR (e.status = 'rejected' AND ?)) "
-                "ORDER BY e.environment_id",
-                [validation_enabled, warm_start],
+                "ORDER BY list_contains(?::VARCHAR[], e.capability) DESC, e.environment_id",
+                [validation_enabled, warm_start, list(FIRST)],
             )
         )
         for row in rows:
