@@ -12,6 +12,12 @@ Adapters are verified here (manifest, sha256 of every file, base model hash) bef
 to load them with ``/v1/load_lora_adapter``; retired versions go with ``/v1/unload_lora_adapter``.
 vLLM applies one LoRA per request, so the token-level gate is refused. The classifier's label
 scores come from a one-token greedy completion restricted to the label tokens, with logprobs.
+
+A vLLM that dies (out of memory, a driver fault, an upgrade) fails the requests streaming from it
+with a retryable 503 and `/healthz` says so. When it answers again it has forgotten every adapter
+loaded at run time: the router loads the versions it had loaded (live ones and canaries) again,
+from the same verified directories, before it sends them requests; meanwhile a request for one
+gets a 503 saying it is being loaded again, and `/healthz` says "degraded" and which.
 """
 
 from __future__ import annotations
@@ -49,7 +55,6 @@ CONNECT_S = 5.0
 ADMIN_S = 120.0  # loading an adapter reads its weights onto the GPU
 CHUNK_S = 600.0  # longest wait for the next streamed chunk (a request may queue inside vLLM)
 TOP_LOGPROBS = 20  # vLLM's default --max-logprobs
-RELOAD = "restart the router so that the daemon loads the live versions again"
 GATE_REFUSED = "vLLM applies one LoRA adapter per request; the token-level gate needs the embedded backend"
 
 
@@ -78,7 +83,8 @@ class VllmBackend:
         self.served_name: str | None = None  # the base model's name in vLLM (`vllm serve <dir>`: the dir)
         self.max_model_len: int | None = None
         self._problem: str | None = f"vLLM at {self.url} has not answered yet"
-        self._missing: set[str] = set()  # loaded here, absent in vLLM: warned about once
+        self._missing: dict[str, str] = {}  # loaded here, absent in vLLM (it restarted) -> why it is not back yet
+        self._refresh_now = threading.Event()  # a request found an adapter gone: look (and load it again) at once
         # httpx logs every request at INFO: a line per health poll and per completion would bury the router's own.
         logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger("httpx").level))
         self._client = httpx.Client(timeout=httpx.Timeout(ADMIN_S, connect=CONNECT_S))
@@ -113,13 +119,21 @@ class VllmBackend:
 
     @property
     def health(self) -> str:
-        return self._problem or ("ok" if self._loop_thread.is_alive() else "the stream loop stopped")
+        if self._problem or not self._loop_thread.is_alive():
+            return self._problem or "the stream loop stopped"
+        missing = dict(self._missing)
+        if missing:
+            return "degraded: " + "; ".join(f"{name}: {why}" for name, why in sorted(missing.items()))
+        return "ok"
 
     # -- vLLM's state -----------------------------------------------------------------------------
 
     def _poll(self) -> None:
-        while not self._stopping.wait(POLL_S):
-            self._refresh()
+        while not self._stopping.is_set():
+            self._refresh_now.wait(POLL_S)
+            self._refresh_now.clear()
+            if not self._stopping.is_set():
+                self._refresh()
 
     def _refresh(self) -> None:
         """Read vLLM's /v1/models: whether it answers, the base model's served name and its context."""
@@ -139,10 +153,30 @@ class VllmBackend:
         self.served_name, self.max_model_len = base["id"], base.get("max_model_len")
         self._problem = None
         served = {card["id"] for card in cards}
-        for name in sorted((known & set(self.loaded)) - served - self._missing):
-            # A restarted vLLM has forgotten runtime-loaded adapters; requests for them get a 502.
-            log.warning("vLLM no longer serves %s; if vLLM restarted, %s", name, RELOAD)
-            self._missing.add(name)
+        for name in sorted((known & set(self.loaded)) - served):
+            self._load_again(name)
+
+    def _load_again(self, name: str) -> None:
+        """A restarted vLLM has forgotten the runtime-loaded `name`: load it again from its verified
+        directory; until that works, requests for it get a 503 and the health says degraded."""
+        directory = self.loaded.get(name)
+        if directory is None:
+            return
+        if name not in self._missing:
+            log.warning("vLLM no longer serves %s (it restarted?): loading it again", name)
+        try:
+            response = self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(Path(directory).resolve())})
+        except BackendUnavailable as error:
+            self._missing[name] = f"vLLM restarted without it; loading it again failed: {error}"
+            return
+        if response.is_success or self._already_serving(name, str(Path(directory).resolve()), response):
+            self._missing.pop(name, None)
+            if name in self.loaded:
+                log.info("vLLM serves %s again", name)
+            else:  # retired while it was being loaded again: drop it there too
+                self._post("/v1/unload_lora_adapter", {"lora_name": name})
+            return
+        self._missing[name] = f"vLLM restarted without it and refused it again ({response.status_code}): {_message(response)}"
 
     def _base_name(self) -> str:
         if self.served_name is None:
@@ -171,7 +205,7 @@ class VllmBackend:
             refusal = f"vLLM refused to load {name} ({response.status_code}): {_message(response)}"
             raise adapters.AdapterRejected(refusal)
         self.loaded[name] = Path(directory)
-        self._missing.discard(name)
+        self._missing.pop(name, None)
 
     def _already_serving(self, name: str, path: str, refusal: httpx.Response) -> bool:
         """vLLM kept `name` from `path` while the router restarted: the same immutable version, taken
@@ -193,7 +227,7 @@ class VllmBackend:
         cannot be reached keeps it loaded (it costs memory, not correctness: names are never reused)."""
         if self.loaded.pop(name, None) is None:
             return
-        self._missing.discard(name)
+        self._missing.pop(name, None)
         try:
             response = self._post("/v1/unload_lora_adapter", {"lora_name": name})
         except BackendUnavailable as error:
@@ -257,6 +291,8 @@ class VllmBackend:
             raise RuntimeError("the router is shutting down")
         if self._problem is not None:
             raise BackendUnavailable(self._problem)
+        if generation.adapter is not None and (why := self._missing.get(generation.adapter)):
+            raise BackendUnavailable(f"{generation.adapter} is not served right now: {why}")
         model = generation.adapter or self._base_name()
         self._loop.call_soon_threadsafe(self._start, generation, model)
 
@@ -302,6 +338,11 @@ class VllmBackend:
             async with self._streams.stream("POST", f"{self.url}/v1/completions", json=body) as response:
                 if not response.is_success:
                     await response.aread()
+                    if response.status_code == 404 and model in self.loaded:  # vLLM restarted and forgot it
+                        self._missing.setdefault(model, "vLLM restarted without it; loading it again")
+                        self._refresh_now.set()
+                        _emit(generation, Failed(f"vLLM no longer serves {model} (it restarted); the router is loading it again: retry", 503))
+                        return
                     _emit(generation, _refusal(model, response))
                     return
                 async for line in response.aiter_lines():
@@ -342,6 +383,7 @@ class VllmBackend:
     def stop(self) -> None:
         """Fail the requests still streaming and close the connections to vLLM."""
         self._stopping.set()
+        self._refresh_now.set()
 
         async def shutdown() -> None:
             tasks = [*self._running.values(), *([self._reaper] if self._reaper else [])]
@@ -383,10 +425,10 @@ def _message(response: httpx.Response) -> str:
 
 def _refusal(model: str, response: httpx.Response) -> Failed:
     """vLLM's refusal of a completion as the router's answer: the client's own mistakes (400) stay
-    400; an adapter vLLM does not know (404) means vLLM restarted and lost it, the router's fault."""
+    400; a model vLLM does not know (404) that the router did not load is the router's fault."""
     message = _message(response)
     if response.status_code == 404:
-        return Failed(f"vLLM does not serve {model} ({message}); if vLLM restarted, {RELOAD}", 502)
+        return Failed(f"vLLM does not serve {model} ({message})", 502)
     if response.status_code in (400, 422):
         return Failed(f"vLLM refused the request: {message}", 400)
     return Failed(f"vLLM answered {response.status_code}: {message}", 502)

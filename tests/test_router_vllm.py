@@ -1,4 +1,5 @@
-"""The router's `vllm` backend (router/vllm.py) against a stand-in for vLLM.
+"""The router's `vllm` backend (router/vllm.py) against a stand-in for vLLM, including a vLLM that dies
+and comes back having forgotten its adapters (the router loads them again).
 
 vLLM needs a GPU and cannot run on the CPU machine these tests run on, so `FakeVllm` below stands
 in for it: an HTTP server on a free loopback port that answers the endpoints the backend uses the
@@ -646,11 +647,37 @@ def test_vllm_down_gets_a_clear_503_and_the_router_keeps_running(router: Router,
     assert router.capabilities()["survivor"] == "survivor@v1"
     assert router.process.poll() is None
 
+    # vLLM comes back having forgotten the adapters loaded at run time, and refuses survivor@v1 for
+    # now (a rank it no longer allows): the router serves the base, answers 503 for survivor@v1, and
+    # its health says degraded and why.
+    vllm.max_lora_rank = 2
     vllm.restart()
     router.wait_healthy(10)
     assert router.chat(max_tokens=2).json()["choices"][0]["message"]["content"] == "<base#0> w1"
-    lost = router.chat(model="survivor@v1", max_tokens=2)  # a restarted vLLM forgot runtime-loaded adapters
-    assert lost.status_code == 502 and "if vLLM restarted, restart the router" in lost.json()["error"]["message"]
+
+    def degraded() -> dict[str, Any] | None:
+        body = httpx.get(f"{router.url}/healthz", timeout=5).json()
+        return body if body["status"].startswith("degraded") else None
+
+    health = wait_for(degraded, 10, 0.1)
+    assert "survivor@v1" in health["status"] and "refused it again" in health["status"]
+    assert router.admin("GET", "/admin/routing").json()["health"] == health["status"]
+    lost = router.chat(model="survivor@v1", max_tokens=2)
+    assert lost.status_code == 503 and "survivor@v1 is not served right now" in lost.json()["error"]["message"]
+    # Once vLLM takes it again, the router loads it again from the same directory, and serves it: no restart of its own.
+    loads = len(vllm.calls("/v1/load_lora_adapter"))
+    vllm.max_lora_rank = 16
+    wait_for(lambda: httpx.get(f"{router.url}/healthz", timeout=5).json()["status"] == "ok", 10, 0.1)
+    assert [body["lora_name"] for body in vllm.calls("/v1/load_lora_adapter")[loads:]] == ["survivor@v1"]
+    assert router.chat(model="survivor@v1", max_tokens=2).json()["model"] == "survivor@v1"
+    # A restart the router has not noticed yet (its health poll comes every 2 s): the first request
+    # for the adapter gets a retryable 503 and sets the loading going at once; then it is served.
+    # (Should the poll land between the restart and the request, the adapter is back already.)
+    vllm.restart()
+    first = router.chat(model="survivor@v1", max_tokens=2)
+    assert first.status_code == 200 or (first.status_code == 503 and "loading it again: retry" in first.json()["error"]["message"])
+    assert wait_for(lambda: router.chat(model="survivor@v1", max_tokens=2).status_code == 200, 10, 0.1)
+    assert router.process.poll() is None
     assert router.load("survivor", 2, seed=41).status_code == 200
     assert router.chat(max_tokens=2, model="survivor@v2").json()["model"] == "survivor@v2"
     assert router.admin("DELETE", "/admin/adapters/survivor@v2").status_code == 200

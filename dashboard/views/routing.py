@@ -200,6 +200,9 @@ def render(context: PageContext) -> None:
     if problem or data.get("reachable") is False:
         st.warning(f"The router did not answer: {problem or 'unreachable'}", icon=":material/cloud_off:")
     snapshot = snapshot_of(data)
+    health = (data.get("router") or {}).get("health") if isinstance(data.get("router"), Mapping) else None
+    if health and health != "ok":
+        st.warning(f"The router's serving engine: {health}", icon=":material/warning:")
     if snapshot:
         render_table(snapshot, context.settings.router.model_name)
     render_comparison([item for item in data.get("adapters") or [] if isinstance(item, Mapping) and "name" in item])

@@ -13,7 +13,7 @@ from daemon.core import generalist
 from daemon.core.settings import CAPABILITY_NAME
 from router.backend import AdapterConflict, BackendUnavailable
 from router.protocol import ApiError
-from router.routes.dependencies import Table, authorized
+from router.routes.dependencies import CurrentBackend, Table, authorized
 from router.routes.errors import unavailable
 from router.routing import RoutingError, UnknownAdapter
 from trainer.adapters import AdapterRejected
@@ -90,5 +90,6 @@ def change_routing(body: RoutingChange, table: Table) -> dict[str, Any]:
 
 
 @router.get("/admin/routing")
-def routing(table: Table) -> dict[str, Any]:
-    return table.snapshot()
+def routing(table: Table, backend: CurrentBackend) -> dict[str, Any]:
+    """The routing table, with the serving engine's health ("ok", "degraded: …", or why it is down)."""
+    return {**table.snapshot(), "health": backend.health}
