@@ -501,6 +501,34 @@ def test_grpc_raw_valid_request_is_answered_with_an_export_response(guarded: Run
 # --- bearer token ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.10.4", "tracefix.internal"])
+def test_a_collector_beyond_loopback_without_a_token_is_refused_unless_the_config_accepts_anyone(host: str) -> None:
+    from daemon.core.settings import CollectorSettings
+
+    with pytest.raises(ValueError, match=rf"binds to {host}, beyond loopback, without a token.*accept_anyone = true"):
+        CollectorSettings(host=host)
+    assert CollectorSettings(host=host, token="s3cret").open_to_anyone is False
+    assert CollectorSettings(host=host, accept_anyone=True).open_to_anyone is True
+    for local in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        assert CollectorSettings(host=local).open_to_anyone is False
+
+
+def test_the_daemon_bound_beyond_loopback_without_a_token_does_not_start_and_says_why(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+
+    config = tmp_path / "tracefix.toml"
+    config.write_text(f'[store]\npath = "{tmp_path / "tracefix.duckdb"}"\n')
+    completed = subprocess.run(
+        [sys.executable, "-m", "daemon.app.cli", "daemon", "--config", str(config)],
+        env={**os.environ, "TRACEFIX_COLLECTOR_HOST": "0.0.0.0"}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert completed.returncode != 0
+    assert "collector binds to 0.0.0.0, beyond loopback, without a token" in completed.stderr
+    assert not (tmp_path / "tracefix.duckdb").exists()  # refused before anything was opened, let alone bound
+
+
 @pytest.mark.parametrize(
     "authorization",
     [None, "Bearer wrong", "Bearer s3cret-and-more", "Basic s3cret", "s3cret", "Bearer"],

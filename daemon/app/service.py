@@ -252,6 +252,11 @@ class Daemon:
             self._schedule()
             self.scheduler.start()
             log.info("tracefix daemon serving %s", self.endpoints)
+            if self.settings.collector.open_to_anyone:
+                log.warning(
+                    "the collector on %s accepts traces from anyone who can reach it ([collector] accept_anyone = true, no token):"
+                    " what they send becomes training data", self.settings.collector.host,
+                )  # fmt: skip
             # uvicorn re-raises the signal it caught once it has stopped serving; with these
             # handlers in place that is a no-op, so the drain below always runs.
             for stop_signal in (signal.SIGINT, signal.SIGTERM):

@@ -5,6 +5,7 @@ The field descriptions are the single documentation of each setting.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tomllib
@@ -60,13 +61,30 @@ class WriterSettings(Section):
     )
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` is a loopback interface (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class CollectorSettings(Section):
     """The OTLP receivers (HTTP and gRPC) the agent exports its traces, logs and evaluations to."""
 
     host: str = Field("127.0.0.1", description="Interface the OTLP receivers bind to.")
     http_port: int = Field(4318, ge=0, le=65535, description="OTLP/HTTP port (protobuf and JSON); 0 disables.")
     grpc_port: int = Field(4317, ge=0, le=65535, description="OTLP/gRPC port; 0 disables.")
-    token: str = Field("", description="Bearer token required from exporters when non-empty.")
+    token: str = Field(
+        "", description="Bearer token required from exporters when non-empty; required when `host` is not a loopback address."
+    )
+    accept_anyone: bool = Field(
+        False,
+        description="Bound beyond loopback without a token, accept traces from anyone who can reach the port (they become"
+        " training data); the daemon says so at start.",
+    )
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest request body, after gzip expansion.")
     max_attribute_value_bytes: int = Field(
         65536, ge=64, description="Longer string/bytes attribute values are truncated and the span flagged."
@@ -79,6 +97,22 @@ class CollectorSettings(Section):
     )
     grpc_workers: int = Field(8, ge=1, description="Threads serving gRPC requests.")
 
+
+
+    @model_validator(mode="after")
+    def _open_only_when_said(self) -> CollectorSettings:
+        if not self.token and not self.accept_anyone and not is_loopback(self.host):
+            raise ValueError(
+                f"the collector binds to {self.host}, beyond loopback, without a token: anyone who reaches it would feed"
+                " traces that become training data. Set [collector] token (exporters send it as a bearer token), bind"
+                " to 127.0.0.1, or set [collector] accept_anyone = true to accept that"
+            )
+        return self
+
+    @property
+    def open_to_anyone(self) -> bool:
+        """Bound beyond loopback without a token (said so with accept_anyone)."""
+        return not self.token and not is_loopback(self.host)
 
 class AssemblerSettings(Section):
     """Assembly of received spans into trajectories."""
