@@ -123,3 +123,55 @@ def test_a_taken_port_fails_the_start_with_the_childs_error_and_leaves_nothing_r
     assert "tracefix up failed: daemon exited with" in printed and "address" in printed.lower(), printed[-2000:]
     time.sleep(0.5)
     assert not [child for child in psutil.Process().children(recursive=True) if "daemon.app.cli daemon" in " ".join(child.cmdline())]
+
+
+# A stand-in for the vLLM server `tracefix up` starts from [router] vllm_command: a real process that
+# answers /v1/models the way vLLM does (the router's vllm backend needs nothing more to be healthy).
+STAND_IN = """
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+port, model = int(sys.argv[1]), sys.argv[2]
+class Models(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"object": "list", "data": [{"id": model, "root": model, "max_model_len": 2048}]}).encode()
+        self.send_response(200 if self.path == "/v1/models" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+HTTPServer(("127.0.0.1", port), Models).serve_forever()
+"""
+
+
+def test_up_starts_the_configured_vllm_before_the_router_and_restarts_it_when_it_dies(tmp_path: Path, tiny_model: Path) -> None:
+    vllm_port = free_port()
+    script = tmp_path / "vllm_stand_in.py"
+    script.write_text(STAND_IN)
+    configured = make_daemon(
+        tmp_path, model={"name": str(tiny_model), "max_new_tokens": 8, "threads": 1},
+        router={"port": free_port(), "backend": "vllm", "vllm_url": f"http://127.0.0.1:{vllm_port}", "export_spans": False,
+                "vllm_command": [sys.executable, str(script), str(vllm_port), str(tiny_model)]},
+    )  # fmt: skip
+    process = _start(configured, "--without", "dashboard")
+    output = configured.directory / "up.out"
+    try:
+        wait_for(lambda: "router    up" in output.read_text(), timeout_s=240, poll_s=0.5)
+        printed = output.read_text()
+        assert printed.index("vllm      up") < printed.index("router    up")  # vLLM first: the router fronts it
+        assert f"vllm http://127.0.0.1:{vllm_port}" in printed
+        engine = next(child for child in psutil.Process(process.pid).children() if str(script) in " ".join(child.cmdline()))
+        engine.send_signal(signal.SIGKILL)
+        wait_for(lambda: "vllm      exited with -9" in output.read_text(), timeout_s=30)
+        wait_for(lambda: _healthy(f"http://127.0.0.1:{vllm_port}/v1/models"), timeout_s=60, poll_s=0.5)
+        restarted = [child for child in psutil.Process(process.pid).children() if str(script) in " ".join(child.cmdline())]
+        assert len(restarted) == 1 and restarted[0].pid != engine.pid
+        router_url = f"http://127.0.0.1:{configured.sections['router']['port']}"
+        wait_for(lambda: _healthy(f"{router_url}/healthz"), timeout_s=30, poll_s=0.5)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 0
+        assert not restarted[0].is_running() or restarted[0].status() == psutil.STATUS_ZOMBIE
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

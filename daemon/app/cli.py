@@ -126,7 +126,7 @@ def up(config_path: Path | None, without: tuple[str, ...]) -> None:
 
 
 @main.command()
-@click.argument("name", type=click.Choice(["daemon", "router", "dashboard"]))
+@click.argument("name", type=click.Choice(["daemon", "vllm", "router", "dashboard"]))
 @config_option
 @click.option("--lines", "-n", default=50, show_default=True, help="How many of the last lines to show.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing lines as they are written (Ctrl-C stops).")

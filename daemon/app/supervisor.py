@@ -1,4 +1,5 @@
-"""`tracefix up`: the daemon, the router and the dashboard as supervised child processes.
+"""`tracefix up`: the daemon, the router and the dashboard as supervised child processes — and the
+vLLM server the router fronts, when `[router] vllm_command` says how to start it.
 
 Each child is the same `tracefix <name> --config …` a person could start by hand, with its output
 in ``<data dir>/logs/<name>.log`` (read it with `tracefix logs NAME`). Children start in order and
@@ -30,6 +31,7 @@ from daemon.core.settings import Settings
 log = logging.getLogger(__name__)
 
 NAMES = ("daemon", "router", "dashboard")
+VLLM = "vllm"  # started before the router when [router] backend = "vllm" and vllm_command is set
 LOG_DIRECTORY = "logs"
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
@@ -94,11 +96,16 @@ def children(settings: Settings, config_path: Path | None, names: Sequence[str] 
             120.0,
         ),
     }
-    return [
+    started = [
         Child(name, [sys.executable, "-m", "daemon.app.cli", name, *config], health, listens, timeout, logs / f"{name}.log")
         for name in names
         for health, listens, timeout in [specs[name]]
     ]
+    if "router" in names and router.backend == "vllm" and router.vllm_command:
+        url = router.vllm_url.rstrip("/")
+        engine = Child(VLLM, list(router.vllm_command), f"{url}/v1/models", {"vllm": url}, 900.0, logs / f"{VLLM}.log")
+        started.insert(next(index for index, child in enumerate(started) if child.name == "router"), engine)
+    return started
 
 
 def _die_with_parent() -> None:

@@ -570,6 +570,13 @@ class RouterSettings(Section):
     )
     backend: str = Field("embedded", description="'embedded' (transformers + peft in process) or 'vllm' (fronts a vLLM server).")
     vllm_url: str = Field("http://127.0.0.1:8001", description="The vLLM server the 'vllm' backend fronts.")
+    vllm_command: list[str] = Field(
+        default_factory=list,
+        description="The command (argv) that starts that vLLM server; when set, `tracefix up` starts it before the router,"
+        " waits for its /v1/models, and restarts it when it exits.",
+        examples=[["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/smollm2", "--port", "8001",
+                   "--enable-lora", "--max-lora-rank", "16"]],
+    )
     model_name: str = Field("base", description="Name of the base model in /v1/models; adapters are '<capability>@v<N>'.")
     routing: str = Field("classifier", description="Routing mode at start: classifier | gate | fixed | off.")
     fixed_adapter: str | None = Field(
