@@ -176,3 +176,18 @@ def test_a_model_that_scales_its_logits_keeps_the_whole_pass(adapted: Any) -> No
         adapted.get_base_model().config.final_logit_softcapping = None
     assert seen == [1, 3 * 30]
     assert torch.allclose(loss, _plain_loss(adapted, ids, mask, labels), rtol=1e-5, atol=1e-6)
+
+
+def test_batches_keep_sequences_of_one_opening_together_and_cover_each_once_an_epoch() -> None:
+    from trainer.shared_prefix import OPENING_KEY, OpeningBatches
+
+    demonstration, conversation = [1] * OPENING_KEY, [2] * OPENING_KEY
+    sequences = [[*demonstration, index] for index in range(7)] + [[*conversation, index] for index in range(5)]
+    sampler = OpeningBatches(sequences, batch=2, seed=3)
+    first, second = list(sampler), list(sampler)
+    assert sorted(first) == sorted(second) == list(range(12)) and len(sampler) == 12
+    assert first != second  # shuffled anew each epoch
+    assert list(OpeningBatches(sequences, batch=2, seed=3)) == first  # and the same for the same seed
+    batches = [first[start : start + 2] for start in range(0, 12, 2)]
+    mixed = [batch for batch in batches if len({index < 7 for index in batch}) > 1]
+    assert len(mixed) <= 1  # only where a group's odd last sequence meets the other group

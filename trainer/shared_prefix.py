@@ -95,12 +95,46 @@ def shared_prefix_loss(
     return _scored_loss(model, opening.logits[:, -1].expand(rows, -1), tails, labels[:, prefix:], num_items)
 
 
+OPENING_KEY = 64  # sequences whose first this many tokens agree share an opening, for batching
+
+
+class OpeningBatches(torch.utils.data.Sampler[int]):
+    """Indices in batches of ``batch`` sequences that share their opening where they can: within
+    each group of one opening the order is shuffled and cut into batches, and the batches are
+    shuffled, anew each epoch. A batch that mixes openings shares no prefix and pads every row to
+    the longest (a warm start that rehearses the generalist's 2,000-token conversations among an
+    environment's demonstrations: ~90 s an update instead of ~15); grouped, only a group's last
+    batch can mix."""
+
+    def __init__(self, sequences: list[list[int]], batch: int, seed: int) -> None:
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for index, ids in enumerate(sequences):
+            groups.setdefault(tuple(ids[:OPENING_KEY]), []).append(index)
+        self.groups, self.batch, self.seed, self.epoch = list(groups.values()), max(1, batch), seed, 0
+
+    def __len__(self) -> int:
+        return sum(len(group) for group in self.groups)
+
+    def __iter__(self) -> Any:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        self.epoch += 1
+        order = [group[int(i)] for group in self.groups for i in torch.randperm(len(group), generator=generator)]
+        batches = [order[start : start + self.batch] for start in range(0, len(order), self.batch)]
+        for position in torch.randperm(len(batches), generator=generator):
+            yield from batches[int(position)]
+
+
 class SharedPrefixSFTTrainer(SFTTrainer):
-    """``SFTTrainer`` whose loss runs a batch's common prefix once (see the module)."""
+    """``SFTTrainer`` whose loss runs a batch's common prefix once (see the module), with batches
+    drawn by ``OpeningBatches``."""
 
     def __init__(self, *args: Any, opening_gradient: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.opening_gradient = opening_gradient
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        return OpeningBatches(list(dataset["input_ids"]), self.args.per_device_train_batch_size, self.args.seed)
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False, num_items_in_batch: Any = None) -> Any:
         if return_outputs:
