@@ -104,7 +104,7 @@ def test_rollout_marks_which_messages_the_policy_wrote() -> None:
 
 
 def test_the_settings_decide_which_tools_change_state_for_the_environments_too(tmp_path: Path) -> None:
-    """A write whose name no default prefix matches (close_ticket) is unknown until [capabilities]
+    """A write whose name no default prefix matches (resolve_ticket) is unknown until [capabilities]
     state_changing_tools names it; then precondition_verification builds on it, as its labeler judges it."""
     from daemon.core.settings import CapabilitySettings
     from trainer import world
@@ -112,7 +112,7 @@ def test_the_settings_decide_which_tools_change_state_for_the_environments_too(t
     tools = [
         {"name": "get_ticket", "description": "Fetch a ticket.",
          "parameters": {"type": "object", "properties": {"ticket_id": {"type": "string"}}, "required": ["ticket_id"]}},
-        {"name": "close_ticket", "description": "Close a ticket.",
+        {"name": "resolve_ticket", "description": "Resolve a ticket.",
          "parameters": {"type": "object", "properties": {"ticket_id": {"type": "string"}}, "required": ["ticket_id"]}},
     ]  # fmt: skip
     path = tmp_path / "tickets.json"
@@ -121,7 +121,7 @@ def test_the_settings_decide_which_tools_change_state_for_the_environments_too(t
     unmarked = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert unmarked.returncode != 0 and "state-changing" in unmarked.stdout + unmarked.stderr
     config = tmp_path / "tickets.toml"
-    config.write_text('[capabilities]\nstate_changing_tools = ["close_ticket"]\n')
+    config.write_text('[capabilities]\nstate_changing_tools = ["resolve_ticket"]\n')
     marked = subprocess.run([*command, "--config", str(config)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert marked.returncode == 0, marked.stdout + marked.stderr
     # With no settings at all, names decide, by the same prefixes the settings default to.

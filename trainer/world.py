@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from faker import Faker
 
+from daemon.core.settings import CapabilitySettings
+
 from trainer.result_shapes import dress
 
 if TYPE_CHECKING:  # the environment module builds each instance's World: only the type is needed here
@@ -22,7 +24,7 @@ if TYPE_CHECKING:  # the environment module builds each instance's World: only t
 
 READ_PREFIXES = ("get_", "list_", "search_", "find_", "lookup_", "check_", "read_", "fetch_", "show_", "query_")
 # Without the daemon's settings (a tool not marked): the default [capabilities] state_changing_prefixes.
-WRITE_PREFIXES = ("update_", "cancel_", "book_", "create_", "delete_", "send_", "transfer_", "modify_", "issue_", "add_", "remove_")
+WRITE_PREFIXES = tuple(CapabilitySettings().state_changing_prefixes)
 _ID_NAME = re.compile(r"(^|_)(id|number|code|ref|reference)$", re.IGNORECASE)
 # Parameters that name one entity: the id names plus keys people look things up by.
 _KEY_NAME = re.compile(r"(^|_)(id|number|code|ref|reference|sku|email|username|handle|key|uuid|slug)$", re.IGNORECASE)
