@@ -14,7 +14,10 @@ excerpt in tests/fixtures/taubench, repeated as further trials) are sent with `t
 Usage:
   python bench/llm_labels.py --llm-url http://127.0.0.1:8000/v1 [--model base] [-n 100]
       [--concurrency 4] [--calls-per-minute 0] [--llm-runs 1] [--capability NAME=DESCRIPTION ...]
-      [--llm-seconds 600] [--analysis-interval 1] [--json]
+      [--llm-seconds 600] [--analysis-interval 1] [--repeats 3] [--json]
+
+The rule-label timings are medians of `--repeats` off/on pairs (alternated); the judging is followed
+in the first "on" run.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,7 +96,7 @@ def rule_labeled(daemon: RunningDaemon, custom: set[str], count: int) -> bool:
     return bool(items) and min(counted) >= count
 
 
-def measure(args: argparse.Namespace, llm_on: bool) -> dict[str, Any]:
+def measure(args: argparse.Namespace, llm_on: bool, follow_judging: bool = True) -> dict[str, Any]:
     custom = {name for name, _ in args.capability} if llm_on else set()
     with tempfile.TemporaryDirectory(prefix="llm-labels-") as directory:
         path = runs_file(Path(directory), args.n)
@@ -114,7 +118,7 @@ def measure(args: argparse.Namespace, llm_on: bool) -> dict[str, Any]:
             }
             log(f"llm {'on' if llm_on else 'off'}: {args.n} runs imported in {imported:.1f} s, rule labels after "
                 f"{result['seconds_to_rule_labels']:.1f} s")  # fmt: skip
-            if llm_on:
+            if llm_on and follow_judging:
                 result.update(judge(daemon, args.n * len(custom), args.llm_seconds))
             return result
         finally:
@@ -174,12 +178,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llm-seconds", type=float, default=600, help="stop following the judging after this")
     parser.add_argument("--rules-timeout", type=float, default=600, help="give up waiting for the rule labels after this")
     parser.add_argument("--analysis-interval", type=float, default=1.0, help="[analysis] interval_s")
+    parser.add_argument("--repeats", type=int, default=3, help="off/on pairs for the rule-label timings (medians); the first 'on' follows the judging")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
     args = parser.parse_args(argv)
     args.capability = args.capability or [CAPABILITY]
 
-    off = measure(args, llm_on=False)
-    on = measure(args, llm_on=True)
+    offs, ons = [], []
+    for repeat in range(max(1, args.repeats)):  # alternated, so a drift of the machine's speed hits both
+        offs.append(measure(args, llm_on=False))
+        ons.append(measure(args, llm_on=True, follow_judging=repeat == 0))
+    off = {"seconds_to_rule_labels": [item["seconds_to_rule_labels"] for item in offs],
+           "median_seconds_to_rule_labels": statistics.median(item["seconds_to_rule_labels"] for item in offs)}  # fmt: skip
+    on = {**ons[0], "seconds_to_rule_labels": [item["seconds_to_rule_labels"] for item in ons],
+          "median_seconds_to_rule_labels": statistics.median(item["seconds_to_rule_labels"] for item in ons)}  # fmt: skip
+    on["on_over_off"] = round(on["median_seconds_to_rule_labels"] / off["median_seconds_to_rule_labels"], 3)
     result = {
         "runs": args.n, "llm_url": args.llm_url, "model": args.model, "capabilities": [name for name, _ in args.capability],
         "llm_runs": args.llm_runs, "concurrency": args.concurrency, "calls_per_minute": args.calls_per_minute,
