@@ -101,10 +101,9 @@ OPENING_KEY = 64  # sequences whose first this many tokens agree share an openin
 class OpeningBatches(torch.utils.data.Sampler[int]):
     """Indices in batches of ``batch`` sequences that share their opening where they can: within
     each group of one opening the order is shuffled and cut into batches, and the batches are
-    shuffled, anew each epoch. A batch that mixes openings shares no prefix and pads every row to
-    the longest (a warm start that rehearses the generalist's 2,000-token conversations among an
-    environment's demonstrations: ~90 s an update instead of ~15); grouped, only a group's last
-    batch can mix."""
+    shuffled, anew each epoch. A batch that mixes openings (a warm start that rehearses the
+    generalist's 2,000-token conversations among an environment's shorter demonstrations) shares no
+    prefix and pads every row to the longest; grouped, only a group's last batch can mix."""
 
     def __init__(self, sequences: list[list[int]], batch: int, seed: int) -> None:
         groups: dict[tuple[int, ...], list[int]] = {}
