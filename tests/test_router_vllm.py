@@ -347,9 +347,10 @@ def vllm(tiny_model: Path, tokenizer: Any) -> Iterator[FakeVllm]:
     fake.stop()
 
 
-@pytest.fixture(scope="module")
-def router(tiny_model: Path, vllm: FakeVllm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
-    running = Router(tmp_path_factory.mktemp("vllm-router"), tiny_model, vllm)
+def serving(directory: Path, base_dir: Path, vllm: Any) -> Iterator[Router]:
+    """A healthy router in front of `vllm` (the stand-in or a real one) for a fixture's lifetime;
+    after it, the router's log shows a clean stop."""
+    running = Router(directory, base_dir, vllm)
     try:
         running.wait_healthy()
         yield running
@@ -357,6 +358,11 @@ def router(tiny_model: Path, vllm: FakeVllm, tmp_path_factory: pytest.TempPathFa
         running.stop()
     output = running.log_path.read_text()
     assert "tracefix router stopped" in output and "Traceback" not in output, output
+
+
+@pytest.fixture(scope="module")
+def router(tiny_model: Path, vllm: FakeVllm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
+    yield from serving(tmp_path_factory.mktemp("vllm-router"), tiny_model, vllm)
 
 
 def _prompt_ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:

@@ -31,7 +31,7 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, free_port, wait_for
-from tests.test_router_vllm import HELLO, ORDER_TOOL, Router
+from tests.test_router_vllm import HELLO, ORDER_TOOL, Router, serving
 
 pytestmark = pytest.mark.vllm
 openai = pytest.importorskip("openai")
@@ -114,14 +114,7 @@ def engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 @pytest.fixture(scope="module")
 def router(model_dir: Path, engine: RealVllm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Router]:
-    running = Router(tmp_path_factory.mktemp("real-vllm-router"), model_dir, engine)  # type: ignore[arg-type]
-    try:
-        running.wait_healthy()
-        yield running
-    finally:
-        running.stop()
-    output = running.log_path.read_text()
-    assert "tracefix router stopped" in output and "Traceback" not in output, output
+    yield from serving(tmp_path_factory.mktemp("real-vllm-router"), model_dir, engine)
 
 
 def test_an_adapter_is_loaded_routed_to_and_streamed_from(router: Router, engine: RealVllm) -> None:
