@@ -191,3 +191,8 @@ def test_batches_keep_sequences_of_one_opening_together_and_cover_each_once_an_e
     batches = [first[start : start + 2] for start in range(0, 12, 2)]
     mixed = [batch for batch in batches if len({index < 7 for index in batch}) > 1]
     assert len(mixed) <= 1  # only where a group's odd last sequence meets the other group
+    # Where every opening differs, the batches differ from epoch to epoch, as with a plain shuffle.
+    distinct = OpeningBatches([[index] * OPENING_KEY for index in range(12)], batch=4, seed=3)
+    epochs = [list(distinct) for _ in range(3)]
+    assert all(sorted(epoch) == list(range(12)) for epoch in epochs)
+    assert len({frozenset(frozenset(epoch[start : start + 4]) for start in range(0, 12, 4)) for epoch in epochs}) > 1

@@ -124,16 +124,17 @@ def warm_start(
     if rehearsal and rehearsed:
         cycle = rehearsal.conversations
         sequences += [conversation_sequence(tokenizer, cycle[index % len(cycle)], config.max_length) for index in range(rehearsed)]
-    report = supervised(model, tokenizer, sequences, config, directory / "warm_start", progress)
+    report = supervised(model, tokenizer, sequences, config, directory / "warm_start", progress, group_openings=rehearsed > 0)
     return {**report, "rehearsed": rehearsed}
 
 
 def supervised(
     model: Any, tokenizer: Any, sequences: list[tuple[list[int], list[int]]], config: TrainingSettings, output_dir: Path,
-    progress: Progress | None = None,
+    progress: Progress | None = None, group_openings: bool = False,
 ) -> dict[str, Any]:
     """`config.warm_start_epochs` supervised passes over (token ids, policy mask) sequences with the
-    warm start's batch and learning rate, the loss on the masked-in tokens only."""
+    warm start's batch and learning rate, the loss on the masked-in tokens only; with
+    `group_openings`, batches keep sequences of one opening together (``OpeningBatches``)."""
     from datasets import Dataset
     from trl import SFTConfig
 
@@ -165,7 +166,7 @@ def supervised(
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     trainer = SharedPrefixSFTTrainer(
         model=model, args=arguments, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-        opening_gradient=config.warm_start_opening_gradient,
+        opening_gradient=config.warm_start_opening_gradient, group_openings=group_openings,
     )
     trainer.remove_callback(PrinterCallback)  # progress is reported by the caller, not printed
     if progress:

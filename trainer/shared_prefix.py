@@ -103,7 +103,8 @@ class OpeningBatches(torch.utils.data.Sampler[int]):
     each group of one opening the order is shuffled and cut into batches, and the batches are
     shuffled, anew each epoch. A batch that mixes openings (a warm start that rehearses the
     generalist's 2,000-token conversations among an environment's shorter demonstrations) shares no
-    prefix and pads every row to the longest; grouped, only a group's last batch can mix."""
+    prefix and pads every row to the longest; grouped, only what no group fills is mixed, shuffled
+    together (everything, where every opening differs: a plain random order)."""
 
     def __init__(self, sequences: list[list[int]], batch: int, seed: int) -> None:
         groups: dict[tuple[int, ...], list[int]] = {}
@@ -117,21 +118,32 @@ class OpeningBatches(torch.utils.data.Sampler[int]):
     def __iter__(self) -> Any:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         self.epoch += 1
-        order = [group[int(i)] for group in self.groups for i in torch.randperm(len(group), generator=generator)]
-        batches = [order[start : start + self.batch] for start in range(0, len(order), self.batch)]
+        batches, rest = [], []
+        for group in self.groups:
+            shuffled = [group[int(i)] for i in torch.randperm(len(group), generator=generator)]
+            whole = len(shuffled) - len(shuffled) % self.batch
+            batches += [shuffled[start : start + self.batch] for start in range(0, whole, self.batch)]
+            rest += shuffled[whole:]
+        # What no group fills (all of it where every opening differs) is shuffled together, as a plain sampler would.
+        rest = [rest[int(i)] for i in torch.randperm(len(rest), generator=generator)]
+        batches += [rest[start : start + self.batch] for start in range(0, len(rest), self.batch)]
         for position in torch.randperm(len(batches), generator=generator):
             yield from batches[int(position)]
 
 
 class SharedPrefixSFTTrainer(SFTTrainer):
-    """``SFTTrainer`` whose loss runs a batch's common prefix once (see the module), with batches
-    drawn by ``OpeningBatches``."""
+    """``SFTTrainer`` whose loss runs a batch's common prefix once (see the module); with
+    ``group_openings`` (sequences of several openings, a rehearsal's), batches drawn by
+    ``OpeningBatches``, else in the trainer's own random order."""
 
-    def __init__(self, *args: Any, opening_gradient: bool = True, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, opening_gradient: bool = True, group_openings: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.opening_gradient = opening_gradient
+        self.group_openings = group_openings
 
     def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+        if not self.group_openings:
+            return super()._get_train_sampler(train_dataset)
         dataset = self.train_dataset if train_dataset is None else train_dataset
         return OpeningBatches(list(dataset["input_ids"]), self.args.per_device_train_batch_size, self.args.seed)
 
