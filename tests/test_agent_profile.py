@@ -7,11 +7,11 @@ received over OTLP, serving it (API, `tracefix agents show`) and labeling again 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from daemon.analysis.builtin_capabilities import PreconditionVerification
@@ -186,7 +186,7 @@ def test_a_daemon_derives_each_agents_profile_serves_it_and_labels_again_when_it
         assert daemon.get("/api/agents/support-agent/profile")["rules"]["confirmation"]["value"] is True
         refused = daemon.get("/api/agents")["refused"]
         assert any("'no-such-agent'" in reason for reason in refused)
-        with pytest.raises(Exception, match="404"):
+        with pytest.raises(httpx.HTTPStatusError, match="404"):
             daemon.get("/api/agents/nobody/profile")
         # The quiet agent says nothing; its one run wrote without a read, which the undecided rule asks for.
         assert wait_for(lambda: _label(daemon, "todo-100-False-failure").get("label")) == "LACKING"
