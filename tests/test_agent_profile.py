@@ -47,6 +47,9 @@ def test_instructions_state_rules_with_their_sentence() -> None:
     helpdesk = from_instructions(HELPDESK)
     assert helpdesk["confirmation"].value is True and helpdesk["read_first"].value is True
     assert from_instructions("Do not ask the user for confirmation; act at once.")["confirmation"].value is False
+    # A negated "without" is a requirement, not its absence.
+    for required in ("Never change a booking without the user's explicit confirmation.", "Do not act without asking the user first."):
+        assert from_instructions(required)["confirmation"] == Rule(True, "instructions", required), required
     assert from_instructions("You are a helpful assistant. Answer in English.") == {}
     # Saying nothing leaves every rule undecided, shown so.
     quiet = derive("quiet", "You are a helpful assistant.", [], None, [])

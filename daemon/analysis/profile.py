@@ -51,6 +51,11 @@ _CONFIRMATION = re.compile(
     r"|\bexplicit(?:ly)?\b[^.]{0,30}\b(?:yes|confirm(?:ation|s|ed)?|approv(?:al|e|es|ed))\b",
     re.IGNORECASE,
 )
+# "Never change a booking without the user's confirmation": a negated "without" requires it.
+_NOT_WITHOUT_CONFIRMATION = re.compile(
+    r"\b(?:not|never|no|don't|cannot|can't|must not)\b[^.]{0,60}?\bwithout\b[^.]{0,40}?\b(?:confirm(?:ation|ing|ed)?|approv(?:al|e)|a yes|asking)\b",
+    re.IGNORECASE,
+)
 # "without asking back", "do not ask for confirmation", "never wait for approval", "no need to confirm".
 _NO_CONFIRMATION = re.compile(
     r"\b(?:without|never|no need to|do not|don't|does not|doesn't|need not|not)\b[^.]{0,20}?"
@@ -146,7 +151,9 @@ def from_instructions(text: str) -> dict[str, Rule]:
             continue
         quoted = sentence if len(sentence) <= 400 else sentence[:399] + "…"
         if "confirmation" not in found:
-            if _NO_CONFIRMATION.search(sentence) and not _CONFIRMATION.search(_NO_CONFIRMATION.sub("", sentence)):
+            if _NOT_WITHOUT_CONFIRMATION.search(sentence):
+                found["confirmation"] = Rule(True, "instructions", quoted)
+            elif _NO_CONFIRMATION.search(sentence) and not _CONFIRMATION.search(_NO_CONFIRMATION.sub("", sentence)):
                 found["confirmation"] = Rule(False, "instructions", quoted)
                 found.setdefault("request_authorizes", Rule(True, "instructions", quoted))
             elif _CONFIRMATION.search(sentence):
