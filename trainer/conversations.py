@@ -10,7 +10,9 @@ come in already rendered as the model sees them (tools in the system prompt, cal
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from trainer.environment import Instance, Message, StepResult
@@ -54,3 +56,15 @@ def conversation_sequence(tokenizer: Any, messages: Sequence[Message], max_lengt
     """(token ids, mask) of one conversation; mask 1 on the agent's own tokens. A conversation longer
     than `max_length` keeps the turns that fit."""
     return demonstration(tokenizer, RecordedConversation(messages), max_length).sequence()
+
+
+def read_conversations(path: str | Path) -> tuple[list[Any], list[Any]]:
+    """A generalist run's ``conversations.json``: the conversations it learned from and those it was
+    scored on. ``RequestError`` when the file cannot be read as that."""
+    from trainer.jobs import RequestError
+
+    try:
+        data = json.loads(Path(path).read_text())
+        return list(data["train"]), list(data["held_out"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise RequestError(f"cannot read the conversations of {path}: {error}") from None

@@ -18,7 +18,7 @@ from typing import Any
 
 from daemon.core.settings import TrainingSettings
 from trainer.adapters import base_model_hash, save_adapter
-from trainer.conversations import conversation_sequence
+from trainer.conversations import conversation_sequence, read_conversations
 from trainer.environment import Message
 from trainer.recipes import Progress, load_policy, supervised
 
@@ -61,7 +61,6 @@ def run_generalist(request: dict[str, Any], run_dir: Path, progress: Progress | 
     actions against the base's on the held-out ones, teacher-forced (`trainer.next_action`), and save
     it when it beats the base by more than the request's margin. Returns the result record the daemon
     reads (as `trainer.train_job.run_training` does for a targeted run)."""
-    import json
     import time
 
     from trainer import model as models
@@ -71,11 +70,7 @@ def run_generalist(request: dict[str, Any], run_dir: Path, progress: Progress | 
     from pydantic import ValidationError
 
     started = time.monotonic()
-    try:
-        data = json.loads(Path(request["conversations"]).read_text())
-        train, held_out = data["train"], data["held_out"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise RequestError(f"cannot read the conversations of {request['conversations']}: {error}") from None
+    train, held_out = read_conversations(request["conversations"])
     if not train or not held_out:
         raise RequestError(f"{request['conversations']} needs conversations to learn from and held-out ones to score on")
     try:

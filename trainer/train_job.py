@@ -32,6 +32,7 @@ from trainer.environment import Environment
 from trainer.evaluation import compare
 from trainer.families import build_environment, load_families
 from trainer.model import training_device
+from trainer.conversations import read_conversations
 from trainer.next_action import compare_next_actions
 from trainer.recipes import Rehearsal, train
 from trainer.replay import replay
@@ -179,13 +180,7 @@ def generalist_conversations(starts_from: dict[str, Any] | None) -> tuple[list[A
     ``conversations.json``); none when the run starts fresh or the request names no file.
     RequestError when the file named cannot be read."""
     path = (starts_from or {}).get("conversations")
-    if not path:
-        return [], []
-    try:
-        data = json.loads(Path(path).read_text())
-        return list(data["train"]), list(data["held_out"])
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise RequestError(f"cannot read the generalist's conversations at {path}: {error}") from None
+    return read_conversations(path) if path else ([], [])
 
 
 def retention(model: Any, tokenizer: Any, held_out: list[Any], sampling: Sampling, generalist: dict[str, Any], margin: float) -> dict[str, Any]:
