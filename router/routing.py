@@ -22,6 +22,10 @@ With ``hold_conversations`` false (``[router] hold_conversations``) the table ke
 conversations: every request is classified on its own, on its latest user turn (what is being asked
 now) rather than its first (what the task is). A canary still keeps a conversation on its arm.
 
+Adapters of one agent's track (``daemon.core.tracks``: ``<capability>.<agent>``) are candidates only
+for that agent's requests: the agent named in ``metadata.agent``, or for a request naming none, the
+only agent whose tracks are served. A bare capability's adapters are candidates for every request.
+
 A generalist (``daemon.core.generalist``: the capability ``generalist.<agent>``) is its agent's
 default, not a classifier candidate: where the classifier picks the base model (or has no targeted
 candidate, or no first user turn to read), the generalist of the agent the request names in
@@ -41,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from daemon.core import generalist
+from daemon.core import generalist, tracks
 from router import metrics
 from router.backend import AdapterConflict, Backend, BackendUnavailable, GateSpec
 from router.split import Split
@@ -239,10 +243,11 @@ class RoutingTable:
             held = self._recall(conversation) if self.hold_conversations else None
             if held is not None:
                 return self._serve("held", None if held == BASE else held, unit, agent)
+            agent = self._agent(agent)
             candidates = [
                 (capability, self.adapters[self.current.get(capability) or self.canaries[capability]].description)
                 for capability in self._serving()
-                if not generalist.is_generalist(capability)
+                if not generalist.is_generalist(capability) and tracks.serves(capability, agent)
             ][: len(LABELS)]
         # The forward pass runs outside the table lock; a swap meanwhile sends the request to the
         # capability's new version, as it would any request that starts after the swap.
@@ -259,6 +264,15 @@ class RoutingTable:
     def _serving(self) -> list[str]:
         """Capabilities with a live or canary version, by name (table lock held)."""
         return sorted(set(self.current) | set(self.canaries))
+
+    def _agent(self, agent: str | None) -> str | None:
+        """The agent a request is served for: the one it names, or where it names none, the only agent
+        whose tracks (or generalist) are served (table lock held). An agent's track serves that agent
+        only (``daemon.core.tracks``); a bare capability's adapters serve everyone."""
+        if agent:
+            return agent
+        owners = {owner for capability in self._serving() if (owner := tracks.agent_of(capability)) is not None}
+        return owners.pop() if len(owners) == 1 else None
 
     def _generalist(self, agent: str | None) -> str | None:
         """The generalist capability that serves `agent`'s requests, if it has a live or canary

@@ -104,8 +104,10 @@ def test_gap_holds_then_fires_exactly_one_training_request(analyzed: tuple[Runni
     # Several more passes: still one request.
     first_pass = daemon.status()["analysis"]["pass_id"]
     wait_for(lambda: daemon.status()["analysis"]["pass_id"] >= first_pass + 3)
-    requests = [r for r in daemon.get("/api/training_requests")["items"] if r["capability"] == "precondition_verification"]
-    assert len(requests) == 1
+    # The request is the agent's own track: its service's statistics selected the gap.
+    requests = [r for r in daemon.get("/api/training_requests")["items"] if r["capability"].startswith("precondition_verification")]
+    assert [r["capability"] for r in requests] == ["precondition_verification.support-agent"]
+    assert item["state_agent"] == "support-agent" and [track["track"] for track in item["tracks"]] == ["precondition_verification.support-agent"]
     detail = daemon.get("/api/capabilities/precondition_verification")
     path = [(t["from_state"], t["to_state"]) for t in reversed(detail["transitions"])]
     # Statistics may wobble while trajectories stream in; the gap is detected once, from watching.

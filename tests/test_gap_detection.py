@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from examples.traffic import generate, send
+from examples.traffic import SERVICE_NAME, generate, send
 from tests.conftest import REPO, RunningDaemon, make_daemon
 
 GAPS = "precondition_verification=0.7:0.05,error_recovery=0.6:0.05"
@@ -77,12 +77,14 @@ def test_each_real_gap_triggers_one_training_request_and_gets_a_checked_environm
     while daemon.status()["analysis"]["pass_id"] < passes + 2:
         time.sleep(0.2)
     requests = daemon.get("/api/training_requests")["items"]
-    assert sorted(request["capability"] for request in requests) == sorted(PLANTED)
+    # One agent sent the traffic: each request is its own track of the capability (<capability>.<agent>).
+    assert sorted(request["capability"] for request in requests) == sorted(f"{name}.{SERVICE_NAME}" for name in PLANTED)
     states = {name: item["state"] for name, item in _capabilities(daemon).items()}
     assert {name for name, state in states.items() if state == "environment"} == PLANTED
     # The environment speaks the agent's own tools, and its checks passed.
     environments = daemon.get("/api/environments")["items"]
-    assert sorted(environment["capability"] for environment in environments) == sorted(PLANTED)
+    assert sorted(environment["capability"] for environment in environments) == sorted(f"{name}.{SERVICE_NAME}" for name in PLANTED)
+    assert {environment["service_name"] for environment in environments} == {SERVICE_NAME}
     declared = {tool["tool_name"] for tool in daemon.get("/api/tools")["items"]}
     for environment in environments:
         assert environment["status"] == "checked", environment["checks"]

@@ -1,4 +1,5 @@
-"""The trigger policy: a per-capability state machine that turns a held gap into one training request.
+"""The trigger policy: a state machine per track (one agent's capability, ``daemon.core.tracks``) that
+turns a gap held in that agent's own runs into one training request.
 
 healthy → watching → gap_detected (emits one training request) → … (environment, training and
 candidate states belong to later stages) → cooldown → healthy. A gap must be selected in
@@ -15,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from daemon.core import metrics
+from daemon.core import metrics, tracks
 from daemon.analysis.capabilities import CapabilityRegistry
 from daemon.core.settings import AnalysisSettings, TriggerSettings
 from daemon.store.store import COOLDOWN, GAP_DETECTED, HEALTHY, WATCHING, AnalysisStore, Store
@@ -65,20 +66,23 @@ class Trigger:
         return delta is not None and coverage is not None and delta >= self.analysis.min_delta and coverage >= self.analysis.min_coverage
 
     def run_pass(self, now: datetime | None = None) -> list[Transition]:
+        """Step every agent's track of every capability (``daemon.core.tracks``) on the latest pass's
+        statistics of that agent's own runs: each agent has its own selection and its own trigger."""
         now = now or datetime.now(timezone.utc)
-        rows = [row for row in self.store.stats() if row["window_name"] == self.analysis.selection_window]
+        rows = [row for row in self.store.stats(agent=None) if row["window_name"] == self.analysis.selection_window]
         if not rows:
             return []
         pass_id = rows[0]["pass_id"]
-        by_capability = {row["capability"]: row for row in rows}
+        names = set(self.registry.names())
+        by_track = {tracks.name(row["capability"], row["agent"]): row for row in rows if row["capability"] in names}
         states = self.store.states()
+        stepped = set(by_track) | {track for track in states if tracks.capability_of(track) in names}
         transitions = []
-        for capability in self.registry.names():
-            state = states.get(capability) or {"state": HEALTHY, "consecutive": 0, "last_pass_id": 0, "cooldown_until": None}
+        for track in sorted(stepped):
+            state = states.get(track) or {"state": HEALTHY, "consecutive": 0, "last_pass_id": 0, "cooldown_until": None}
             if state["last_pass_id"] >= pass_id:
                 continue  # this pass was already consumed
-            stats = by_capability.get(capability)
-            transition = self._step(capability, state, stats, pass_id, now)
+            transition = self._step(track, state, by_track.get(track), pass_id, now)
             if transition:
                 transitions.append(transition)
         for capability, state in self.store.states().items():

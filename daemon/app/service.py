@@ -18,7 +18,7 @@ from collectors.http_receiver import HttpReceiver
 from collectors.ingest import Ingestor
 from collectors.otlp import Limits
 from collectors.trajectories import Assembler
-from daemon.core import generalist, metrics
+from daemon.core import generalist, metrics, tracks
 from daemon.analysis.analyzer import Analyzer
 from daemon.analysis.judging import LLMJudging
 from daemon.app.api import create_api
@@ -27,7 +27,7 @@ from daemon.core.settings import Settings
 from daemon.core.sockets import bind
 from daemon.store.store import HEALTHY, AnalysisStore, Store
 from daemon.pipeline.synthesis import Synthesizer
-from daemon.analysis.trigger import Trigger
+from daemon.analysis.trigger import STATES, Trigger
 from daemon.promotion.lifecycle import Promotion
 from daemon.store.runs import RunStore
 from daemon.promotion.router_client import RouterAdmin
@@ -110,11 +110,13 @@ class Daemon:
         self._state_lock = threading.Lock()
 
     def describe(self, name: str) -> str:
-        """What the router's classifier reads about a capability (and the dashboard about a generalist)."""
-        if name in self.registry:
-            return self.registry[name].description
+        """What the router's classifier reads about a track (and the dashboard about a generalist): its
+        capability's description, which an agent's track shares with every other agent's."""
         agent = generalist.agent_of(name)
-        return f"the generalist of {agent}: what its successful runs do" if agent else name
+        if agent:
+            return f"the generalist of {agent}: what its successful runs do"
+        capability = tracks.capability_of(name)
+        return self.registry[capability].description if capability in self.registry else name
 
     def health(self) -> tuple[bool, list[str]]:
         problems = [f"job {job} failing: {error}" for job, error in self._job_errors.items()]
@@ -192,11 +194,13 @@ class Daemon:
         stats: dict[str, dict[str, Any]] = {}
         for row in self.analysis_store.stats():
             stats.setdefault(row["capability"], {})[row["window_name"]] = row
-        states = self.analysis_store.states()
         selection = self.settings.analysis.selection_window
+        by_capability = self.capability_tracks()
         items = []
         for capability in self.registry:
-            state = states.get(capability.name, {})
+            own = by_capability.get(capability.name, [])
+            # The furthest track along the pipeline speaks for the capability; each agent's is listed.
+            state = max(own, key=lambda track: (STATES.index(track["state"]) if track["state"] in STATES else 0), default={})
             windows = stats.get(capability.name, {})
             chosen = windows.get(selection, {})
             items.append(
@@ -208,16 +212,47 @@ class Daemon:
                     "environment_family": capability.environment_family,
                     "builtin": capability.builtin,
                     "state": state.get("state", HEALTHY),
-                    "state_since": state.get("since"),
-                    "state_reason": state.get("reason", "not analyzed yet"),
-                    "selected": bool(chosen.get("selected")),
+                    "state_since": state.get("state_since"),
+                    "state_reason": state.get("state_reason", "not analyzed yet"),
+                    "state_agent": state.get("agent"),
+                    "selected": bool(chosen.get("selected")) or any(track["selected"] for track in own),
                     "rank": chosen.get("rank"),
-                    "open_training_request": self.analysis_store.open_training_request(capability.name),
+                    "open_training_request": state.get("open_training_request"),
                     "windows": windows,
+                    "tracks": own,
                 }
             )
         items.sort(key=lambda item: (item["rank"] is None, item["rank"] or 0, item["name"]))
         return items
+
+    def capability_tracks(self, agent: str | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Per capability, its tracks (``daemon.core.tracks``: one agent's loop each; `agent`'s only
+        when given) with their state, open training request and whether the agent's own statistics
+        select it now."""
+        window = self.settings.analysis.selection_window
+        rows = [row for row in self.analysis_store.stats(agent=agent) if row["window_name"] == window]
+        selected = {tracks.name(row["capability"], row["agent"]): bool(row["selected"]) for row in rows}
+        states = self.analysis_store.states()
+        names = set(self.registry.names())
+        wanted = None if agent is None else tracks.safe(agent)
+        found: dict[str, list[dict[str, Any]]] = {}
+        for track in sorted(set(states) | set(selected)):
+            capability, owner = tracks.capability_of(track), tracks.agent_of(track)
+            if capability not in names or (wanted is not None and owner != wanted):
+                continue
+            state = states.get(track, {})
+            found.setdefault(capability, []).append(
+                {
+                    "track": track,
+                    "agent": owner,
+                    "state": state.get("state", HEALTHY),
+                    "state_since": state.get("state_since"),
+                    "state_reason": state.get("reason", "not analyzed yet"),
+                    "selected": selected.get(track, False),
+                    "open_training_request": self.analysis_store.open_training_request(track),
+                }
+            )
+        return found
 
     def run(self) -> None:
         """Serve until SIGINT/SIGTERM, then drain: receivers stop, queued rows commit, the file closes."""

@@ -1,5 +1,6 @@
 """The synthesize job: for each open training request, build the capability's environment from the
-tools of the agent that lacks it, check it, and store its spec.
+tools of the request's agent (the agent of its track, ``daemon.core.tracks``), check it, and store
+its spec.
 
 Checked means: the ground-truth solution scores 1.0 on every seed and no-op/random policies stay
 under the floor. Validation against the base model's rollouts (the paper's 0.3–0.6 mean-reward
@@ -12,6 +13,7 @@ import logging
 from typing import Any
 
 from daemon.analysis.capabilities import CapabilityRegistry
+from daemon.core import tracks
 from daemon.core.settings import CapabilitySettings
 from daemon.store.store import AnalysisStore
 from trainer.checks import check
@@ -60,9 +62,11 @@ class Synthesizer:
         self.seeds = seeds
         self.families = load_families()
 
-    def environment_for(self, capability: str, definitions: list[dict[str, Any]]) -> Environment:
-        """The capability's family (its configured environment_family, else the one that trains it) on
-        these tool definitions, at the family's first level; a ValueError says why there is none."""
+    def environment_for(self, track: str, definitions: list[dict[str, Any]]) -> Environment:
+        """The family of the track's capability (its configured environment_family, else the one that
+        trains it) on these tool definitions, at the family's first level; a ValueError says why there
+        is none."""
+        capability = tracks.capability_of(track)
         wanted = self.registry[capability].environment_family if capability in self.registry else None
         family = find_family(self.families, capability, wanted)
         if not definitions:
@@ -100,7 +104,7 @@ class Synthesizer:
     def _store_failure(
         self, request: dict, capability: str, service: str | None, definitions: list, reason: str
     ) -> int:
-        spec = {"family": capability, "version": "-", "difficulty": 0, "tools_hash": "-"}
+        spec = {"family": tracks.capability_of(capability), "version": "-", "difficulty": 0, "tools_hash": "-"}
         return self.store.add_environment(
             capability, spec, service, definitions, request["request_id"], "failed", {"passed": False, "errors": [reason]}
         )

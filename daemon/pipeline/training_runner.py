@@ -103,8 +103,8 @@ class TrainingRunner:
         if created_ns >= live["routed_since_ns"]:
             return False
         window = self.settings.analysis.selection_window
-        latest = [row for row in self.store.stats() if row["capability"] == environment["capability"] and row["window_name"] == window]
-        if latest and latest[0]["selected"]:
+        latest = self.store.track_stats(environment["capability"], window)
+        if latest and latest["selected"]:
             return False
         if environment["environment_id"] not in self._told:
             self._told.add(environment["environment_id"])

@@ -14,6 +14,7 @@ from typing import Any
 
 from daemon.core.intervals import difference, wilson
 from daemon.store import served
+from daemon.store.labels import LabelStore
 from daemon.store.store import Store
 
 
@@ -77,9 +78,10 @@ def routed_outcomes(store: Store, capability: str, since_ns: int, until_ns: int 
     return {row["expert"]: Rate(int(row["failures"]), int(row["total"])) for row in rows}
 
 
-def capability_failure_rate(store: Store, capability: str, window: str) -> Rate:
-    """The capability's failure rate in the latest analysis pass: failed runs among those that need it."""
-    counts = served.needed_counts(store, capability, window)
+def capability_failure_rate(store: Store, track: str, window: str) -> Rate:
+    """The track's failure rate in the latest analysis pass: its agent's failed runs among those that
+    need the capability (every agent's, for a bare capability)."""
+    counts = LabelStore(store).track_stats(track, window)
     if counts is None:
         return Rate(0, 0)
     return Rate(int(counts["needed_failure"]), int(counts["needed_failure"] + counts["needed_success"]))

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from daemon.core import tracks
 from daemon.store.sql import Tables
 
 
@@ -37,14 +38,19 @@ class EnvironmentStore(Tables):
             "SELECT * FROM training_requests WHERE ? IS NULL OR status = ? ORDER BY request_id DESC", [status, status]
         )
 
-    def lacking_service(self, capability: str) -> str | None:
-        """The agent whose failed runs lack this capability most often."""
+    def lacking_service(self, track: str) -> str | None:
+        """The agent a track's environment is built for: the track's own (``daemon.core.tracks``), or
+        for a bare capability the agent whose failed runs lack it most often."""
+        agent = tracks.agent_of(track)
+        if agent is not None:
+            services = self.store.query("SELECT DISTINCT service_name FROM trajectories ORDER BY 1")
+            return next((row["service_name"] for row in services if tracks.safe(row["service_name"]) == agent), agent)
         rows = self.store.query(
             "SELECT t.service_name FROM labels l JOIN trajectories t USING (trajectory_id) "
             "JOIN trajectory_outcomes o USING (trajectory_id) "
             "WHERE l.capability = ? AND l.label = 'LACKING' AND o.outcome = 'failure' "
             "GROUP BY t.service_name ORDER BY count(*) DESC, t.service_name LIMIT 1",
-            [capability],
+            [track],
         )
         return rows[0]["service_name"] if rows else None
 

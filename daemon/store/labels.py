@@ -11,6 +11,7 @@ import duckdb
 import orjson
 import pyarrow as pa
 
+from daemon.core import tracks
 from daemon.core.semconv import EVALUATION_EVENT
 from daemon.store.sql import Tables, dicts, insert_rows
 
@@ -60,29 +61,35 @@ class Thresholds(NamedTuple):
 
 
 # The statistics of one pass over the pass tables (pass_trajectories, pass_labels, pass_windows):
-# per window and capability, the counts, ER+ and ER− with Wilson intervals, Δ, coverage, and the
-# selection by the paper's rule (per run for LLM labelers, with their consistency).
+# per window, agent and capability, the counts, ER+ and ER− with Wilson intervals, Δ, coverage, and
+# the selection by the paper's rule (per run for LLM labelers, with their consistency). Every
+# trajectory counts for all agents together (agent '') and, with $per_agent, for its own agent.
 _STATS_SELECT = f"""
-                WITH traj AS (
-                    SELECT w.window_name, t.trajectory_id, t.outcome
+                WITH windowed AS (
+                    SELECT w.window_name, t.agent, t.trajectory_id, t.outcome
                     FROM pass_trajectories t JOIN pass_windows w ON t.ended >= w.start_ns
                 ),
+                traj AS (
+                    SELECT window_name, '' AS agent, trajectory_id, outcome FROM windowed
+                    UNION ALL
+                    SELECT window_name, agent, trajectory_id, outcome FROM windowed WHERE $per_agent
+                ),
                 totals AS (
-                    SELECT window_name, count(*) FILTER (WHERE outcome = 'failure') AS failed
-                    FROM traj GROUP BY window_name
+                    SELECT window_name, agent, count(*) FILTER (WHERE outcome = 'failure') AS failed
+                    FROM traj GROUP BY window_name, agent
                 ),
                 per_run AS (
-                    SELECT traj.window_name, l.capability, l.run, l.trajectory_id, l.label, l.multi, traj.outcome
+                    SELECT traj.window_name, traj.agent, l.capability, l.run, l.trajectory_id, l.label, l.multi, traj.outcome
                     FROM pass_labels l JOIN traj USING (trajectory_id)
                 ),
                 voted AS (
-                    SELECT window_name, capability, trajectory_id, outcome, label FROM per_run WHERE NOT multi
+                    SELECT window_name, agent, capability, trajectory_id, outcome, label FROM per_run WHERE NOT multi
                     UNION ALL
-                    SELECT window_name, capability, trajectory_id, any_value(outcome), mode(label)
-                    FROM per_run WHERE multi GROUP BY window_name, capability, trajectory_id
+                    SELECT window_name, agent, capability, trajectory_id, any_value(outcome), mode(label)
+                    FROM per_run WHERE multi GROUP BY window_name, agent, capability, trajectory_id
                 ),
                 counts AS (
-                    SELECT window_name, capability,
+                    SELECT window_name, agent, capability,
                         count(*) FILTER (WHERE outcome = 'success') AS n_success,
                         count(*) FILTER (WHERE outcome = 'failure') AS n_failure,
                         count(*) FILTER (WHERE outcome = 'unknown') AS n_unknown,
@@ -90,24 +97,24 @@ _STATS_SELECT = f"""
                         count(*) FILTER (WHERE outcome = 'failure' AND label <> 'NA') AS needed_failure,
                         count(*) FILTER (WHERE outcome = 'success' AND label = 'LACKING') AS lacking_success,
                         count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING') AS lacking_failure
-                    FROM voted GROUP BY window_name, capability
+                    FROM voted GROUP BY window_name, agent, capability
                 ),
                 run_selection AS (
-                    SELECT window_name, capability, run,
+                    SELECT window_name, agent, capability, run,
                         count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING')::DOUBLE
                             / nullif(count(*) FILTER (WHERE outcome = 'failure' AND label <> 'NA'), 0)
                         - coalesce(count(*) FILTER (WHERE outcome = 'success' AND label = 'LACKING')::DOUBLE
                             / nullif(count(*) FILTER (WHERE outcome = 'success' AND label <> 'NA'), 0), 0)
                             AS delta,
                         count(*) FILTER (WHERE outcome = 'failure' AND label = 'LACKING') AS lacking_failure
-                    FROM per_run WHERE multi GROUP BY window_name, capability, run
+                    FROM per_run WHERE multi GROUP BY window_name, agent, capability, run
                 ),
                 runs AS (
-                    SELECT r.window_name, r.capability, count(*) AS runs,
+                    SELECT r.window_name, r.agent, r.capability, count(*) AS runs,
                         count(*) FILTER (
                             WHERE r.delta >= $min_delta AND r.lacking_failure::DOUBLE / nullif(t.failed, 0) >= $min_coverage
                         ) AS runs_selected
-                    FROM run_selection r JOIN totals t USING (window_name) GROUP BY r.window_name, r.capability
+                    FROM run_selection r JOIN totals t USING (window_name, agent) GROUP BY r.window_name, r.agent, r.capability
                 ),
                 rates AS (
                     SELECT c.*, r.runs AS multi_runs, r.runs_selected AS multi_selected,
@@ -115,7 +122,7 @@ _STATS_SELECT = f"""
                         lacking_failure::DOUBLE / nullif(needed_failure, 0) AS er_minus,
                         lacking_failure::DOUBLE / nullif(t.failed, 0) AS coverage,
                         needed_failure::DOUBLE / nullif(needed_success + needed_failure, 0) AS failure_rate
-                    FROM counts c JOIN totals t USING (window_name) LEFT JOIN runs r USING (window_name, capability)
+                    FROM counts c JOIN totals t USING (window_name, agent) LEFT JOIN runs r USING (window_name, agent, capability)
                 ),
                 gaps AS (
                     SELECT *, er_minus - coalesce(er_plus, 0) AS delta,
@@ -143,8 +150,9 @@ _STATS_SELECT = f"""
                     failure_rate, {_wilson("needed_failure", "(needed_success + needed_failure)", "failure_rate")},
                     runs, runs_selected, selected,
                     CASE WHEN selected
-                        THEN row_number() OVER (PARTITION BY window_name, selected ORDER BY coverage DESC, capability)
-                    END AS rank
+                        THEN row_number() OVER (PARTITION BY window_name, agent, selected ORDER BY coverage DESC, capability)
+                    END AS rank,
+                    agent
                 FROM decided
 """
 
@@ -415,7 +423,7 @@ class LabelStore(Tables):
             scope += " AND (t.service_name = $agent OR t.agent_name = $agent)"
         tx.execute(
             "CREATE OR REPLACE TEMP TABLE pass_trajectories AS "
-            f"SELECT o.trajectory_id, o.outcome, o.end_time_unix_nano AS ended FROM trajectory_outcomes o {scope}",
+            f"SELECT o.trajectory_id, o.outcome, o.end_time_unix_nano AS ended, t.service_name AS agent FROM trajectory_outcomes o {scope}",
             {"agent": agent} if agent else None,
         )
         # `multi`: the capability's labeler repeats runs (LLM); single-run labels need no vote.
@@ -432,7 +440,9 @@ class LabelStore(Tables):
             ),
         )
         # All windows in one query: each trajectory appears once per window it falls in.
-        cursor = tx.execute(("INSERT INTO capability_stats " if store else "") + _STATS_SELECT, {**thresholds._asdict(), "pass_id": pass_id})
+        # A stored pass holds every agent's own rows beside those over all agents.
+        parameters = {**thresholds._asdict(), "pass_id": pass_id, "per_agent": store}
+        cursor = tx.execute(("INSERT INTO capability_stats " if store else "") + _STATS_SELECT, parameters)
         rows: list[dict[str, Any]] = []
         if not store:
             names = [column[0] for column in cursor.description]
@@ -443,19 +453,31 @@ class LabelStore(Tables):
         tx.unregister(_CURRENT)
         return rows
 
-    def stats(self, pass_id: int | None = None) -> list[dict[str, Any]]:
-        """The statistics of one pass (the latest by default)."""
+    def stats(self, pass_id: int | None = None, agent: str | None = "") -> list[dict[str, Any]]:
+        """The statistics of one pass (the latest by default): over all agents (agent ''), one agent's
+        own, or (None) every agent's own rows."""
         return self.store.query(
             "SELECT * FROM capability_stats WHERE pass_id = coalesce(?, (SELECT max(pass_id) FROM capability_stats)) "
-            "ORDER BY window_name, capability",
-            [pass_id],
+            "AND (agent = ? OR (? IS NULL AND agent <> '')) ORDER BY window_name, agent, capability",
+            [pass_id, agent, agent],
         )
 
-    def stats_history(self, capability: str, window_name: str, limit: int = 200) -> list[dict[str, Any]]:
+    def track_stats(self, track: str, window_name: str) -> dict[str, Any] | None:
+        """A track's row of the latest pass (``daemon.core.tracks``): its agent's own statistics of the
+        capability, or those over all agents for a bare capability."""
+        agent = tracks.agent_of(track)
+        rows = self.store.query(
+            "SELECT * FROM capability_stats WHERE capability = ? AND window_name = ? "
+            "AND pass_id = (SELECT max(pass_id) FROM capability_stats) AND (agent <> '') = ? ORDER BY agent",
+            [tracks.capability_of(track), window_name, agent is not None],
+        )
+        return next((row for row in rows if agent is None or tracks.safe(row["agent"]) == agent), None)
+
+    def stats_history(self, capability: str, window_name: str, limit: int = 200, agent: str = "") -> list[dict[str, Any]]:
         return self.store.query(
-            "SELECT * FROM (SELECT * FROM capability_stats WHERE capability = ? AND window_name = ? "
+            "SELECT * FROM (SELECT * FROM capability_stats WHERE capability = ? AND window_name = ? AND agent = ? "
             "ORDER BY pass_id DESC LIMIT ?) ORDER BY pass_id",
-            [capability, window_name, limit],
+            [capability, window_name, agent, limit],
         )
 
     # -- trigger -------------------------------------------------------------------------------

@@ -406,4 +406,51 @@ MIGRATIONS: tuple[Migration, ...] = (
         );
         """,
     ),
+    Migration(
+        11,
+        "one loop per agent",
+        """
+        -- Statistics per agent (its service.name) beside those over all agents (agent ''): each
+        -- agent's selection drives its own tracks (daemon/core/tracks.py), named
+        -- <capability>.<agent> in capability_states and every table after it. The key grows, so the
+        -- table is rebuilt; the agent goes last, where the statistics query writes it.
+        CREATE TABLE capability_stats_by_agent (
+            pass_id BIGINT NOT NULL,
+            computed_at TIMESTAMPTZ NOT NULL,
+            window_name VARCHAR NOT NULL,
+            capability VARCHAR NOT NULL,
+            n_success INTEGER NOT NULL,
+            n_failure INTEGER NOT NULL,
+            n_unknown INTEGER NOT NULL,
+            needed_success INTEGER NOT NULL,
+            needed_failure INTEGER NOT NULL,
+            lacking_success INTEGER NOT NULL,
+            lacking_failure INTEGER NOT NULL,
+            er_plus DOUBLE,
+            er_plus_low DOUBLE,
+            er_plus_high DOUBLE,
+            er_minus DOUBLE,
+            er_minus_low DOUBLE,
+            er_minus_high DOUBLE,
+            delta DOUBLE,
+            coverage DOUBLE,
+            failure_rate DOUBLE,
+            failure_rate_low DOUBLE,
+            failure_rate_high DOUBLE,
+            runs INTEGER NOT NULL,
+            runs_selected INTEGER NOT NULL,
+            selected BOOLEAN NOT NULL,
+            rank INTEGER,
+            agent VARCHAR NOT NULL,
+            PRIMARY KEY (pass_id, window_name, capability, agent)
+        );
+        INSERT INTO capability_stats_by_agent SELECT *, '' FROM capability_stats;
+        DROP TABLE capability_stats;
+        ALTER TABLE capability_stats_by_agent RENAME TO capability_stats;
+        -- A capability resting in healthy or watching over all agents starts again per agent; one
+        -- further on (its environment, its runs, its adapters) keeps its bare name: its adapters
+        -- serve every agent, as they did.
+        DELETE FROM capability_states WHERE state IN ('healthy', 'watching');
+        """,
+    ),
 )

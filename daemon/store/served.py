@@ -34,16 +34,6 @@ def routed_outcomes(store: Store, capability: str, since_ns: int, until_ns: int 
     )
 
 
-def needed_counts(store: Store, capability: str, window: str) -> dict[str, Any] | None:
-    """The capability's failed and successful runs that need it, in the latest analysis pass."""
-    rows = store.query(
-        "SELECT needed_failure, needed_success FROM capability_stats WHERE capability = ? AND window_name = ? "
-        "ORDER BY pass_id DESC LIMIT 1",
-        [capability, window],
-    )
-    return rows[0] if rows else None
-
-
 def served_rows(store: Store, since_ns: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """Since `since_ns`: requests and tokens per expert, the same per minute, and the gate's mean
     expert shares weighted by generated tokens."""

@@ -25,11 +25,18 @@ AGENT_HELP = (
 )
 
 
-def scoped(items: list[dict[str, Any]], rows: list[dict[str, Any]], window: str) -> list[dict[str, Any]]:
-    """The capabilities with one agent's own statistics in `window` instead of the pooled ones; they
-    select nothing, so none is highlighted as selected."""
-    own = {row["capability"]: {**row, "selected": False, "rank": None} for row in rows}
-    return [{**item, "windows": {window: own.get(item["name"], {})}} for item in items]
+def scoped(items: list[dict[str, Any]], agent: Mapping[str, Any], window: str) -> list[dict[str, Any]]:
+    """The capabilities with one agent's own statistics in `window` instead of those over all agents.
+    A service's rows drive its own tracks: they show its selection and each track's state. Rows of a
+    gen_ai.agent.name inside services select nothing, so none is highlighted as selected."""
+    drives = agent.get("drives_tracks", False)
+    own = {row["capability"]: row if drives else {**row, "selected": False, "rank": None} for row in agent["items"]}
+    scoped_items = []
+    for item in items:
+        row = own.get(item["name"], {})
+        track = {"state": row["state"], "state_reason": row.get("state_reason"), "state_since": None} if drives and row else {}
+        scoped_items.append({**item, **track, "selected": bool(row.get("selected")), "windows": {window: row}})
+    return scoped_items
 
 
 def render_charts(rows: list[dict[str, Any]], history: list[dict[str, Any]], context: PageContext) -> None:
@@ -103,9 +110,16 @@ def render(context: PageContext) -> None:
     if agent == ALL_AGENTS:
         histories = {item["name"]: api.get(f"/api/capabilities/{item['name']}", window=window)["history"] for item in items}
     else:
-        items = scoped(items, api.get(f"/api/agents/{agent}/capabilities", window=window)["items"], window)
-        histories = {}  # the trend is of the stored passes, which pool every agent
-        st.caption(f"Statistics of {agent}'s trajectories only; selection and training still use every agent's.")
+        own = api.get(f"/api/agents/{quote(agent, safe='')}/capabilities", window=window)
+        items = scoped(items, own, window)
+        if own.get("drives_tracks"):
+            histories = {
+                item["name"]: api.get(f"/api/capabilities/{item['name']}", window=window, agent=agent)["history"] for item in items
+            }
+            st.caption(f"{agent}'s own runs: they select its gaps, and its adapters train on its own tools.")
+        else:
+            histories = {}  # the stored passes hold each service's statistics, not a gen_ai.agent.name's
+            st.caption(f"Statistics of the runs naming {agent}; selection and training use each service's own.")
     rows = [stats_row(item, window) for item in items]
     outcomes = status["outcomes"]
     judged = outcomes["success"] + outcomes["failure"]

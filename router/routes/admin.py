@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field, field_validator
 
-from daemon.core import generalist
+from daemon.core import generalist, tracks
 from daemon.core.settings import CAPABILITY_NAME
 from router.backend import AdapterConflict, BackendUnavailable
 from router.protocol import ApiError
@@ -22,7 +22,10 @@ router = APIRouter(dependencies=[Depends(authorized)])
 
 
 class AdapterLoad(BaseModel):
-    capability: str = Field(max_length=200, description="A capability's name, or a generalist's (generalist.<agent>).")
+    capability: str = Field(
+        max_length=200,
+        description="A capability's name, one agent's track of it (<capability>.<agent>), or a generalist's (generalist.<agent>).",
+    )
     version: int = Field(ge=1)
     path: str = Field(min_length=1)
     description: str = Field("", max_length=2000, description="What the capability is; the classifier reads it.")
@@ -33,11 +36,14 @@ class AdapterLoad(BaseModel):
     @field_validator("capability")
     @classmethod
     def _capability(cls, capability: str) -> str:
-        agent = generalist.agent_of(capability)
-        if CAPABILITY_NAME.match(capability) or (agent and generalist.capability(agent) == capability):
+        bare, agent = tracks.capability_of(capability), tracks.agent_of(capability)
+        generalist_track = bare == generalist.CAPABILITY and agent is not None
+        named = generalist_track or (bare != generalist.CAPABILITY and CAPABILITY_NAME.match(bare) is not None)
+        if "@" not in capability and named and (agent is None or tracks.name(bare, agent) == capability):
             return capability
         raise ValueError(
-            f"{capability!r} is not a capability name ({CAPABILITY_NAME.pattern}) or a generalist's (generalist.<agent>)"
+            f"{capability!r} is not a capability name ({CAPABILITY_NAME.pattern}), an agent's track of one (<capability>.<agent>)"
+            " or a generalist's (generalist.<agent>)"
         )
 
 

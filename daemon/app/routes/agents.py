@@ -2,8 +2,9 @@
 policy requires before a change, with the evidence: daemon/analysis/profile.py).
 
 One tracefix daemon often watches several agents (services, or named agents inside one service) or
-several policies of one agent. The selection statistics pool them all; an agent's own view counts
-only its trajectories, so another policy's successes lend it no contrast.
+several policies of one agent. Each service is its own loop (``daemon.core.tracks``): its own
+statistics select its gaps, and its tracks train on its own tools; another policy's successes lend
+it no contrast. The statistics over all agents are shown beside them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException
 
 from daemon.app.routes.dependencies import CurrentDaemon
+from daemon.core import tracks
 
 router = APIRouter()
 
@@ -41,10 +43,11 @@ def agent_profile(agent: str, daemon: CurrentDaemon) -> dict[str, Any]:
 
 @router.get("/api/agents/{agent}/capabilities")
 def agent_capabilities(agent: str, daemon: CurrentDaemon, window: str | None = None) -> dict[str, Any]:
-    """Every capability's statistics over the trajectories of one agent (matched by service.name or
-    gen_ai.agent.name) in one window (default: the selection window), computed now with the
-    selection thresholds. They are not stored and trigger nothing; `selected` says what the rule
-    would decide on this agent's runs alone."""
+    """Every capability's statistics over the trajectories of one agent in one window (default: the
+    selection window). For a service, the latest analysis pass's own rows, which drive its tracks:
+    each item carries its track's name and state. For a gen_ai.agent.name inside services, computed
+    now over the runs that name it; they trigger nothing, and `selected` says what the rule would
+    decide on them."""
     known = {name for item in daemon.analysis_store.agents() for name in (item["service_name"], item["agent_name"]) if name}
     if agent not in known:
         raise HTTPException(404, f"no trajectories from agent {agent!r}; known: {', '.join(sorted(known)) or 'none yet'}")
@@ -52,5 +55,12 @@ def agent_capabilities(agent: str, daemon: CurrentDaemon, window: str | None = N
     windows = {*daemon.settings.analysis.windows, daemon.settings.analysis.selection_window}
     if window not in windows:
         raise HTTPException(422, f"unknown window {window!r}; configured: {', '.join(sorted(windows))}")
+    if agent in daemon.analysis_store.services():
+        own = {track["track"]: track for found in daemon.capability_tracks(agent).values() for track in found}
+        rows = [row for row in daemon.analysis_store.stats(agent=agent) if row["window_name"] == window]
+        for row in rows:
+            track = own.get(tracks.name(row["capability"], agent), {})
+            row.update(track=tracks.name(row["capability"], agent), state=track.get("state", "healthy"), state_reason=track.get("state_reason"))
+        return {"agent": agent, "window": window, "items": rows, "drives_tracks": True}
     rows = [row for row in daemon.analyzer.agent_stats(agent) if row["window_name"] == window]
-    return {"agent": agent, "window": window, "items": rows}
+    return {"agent": agent, "window": window, "items": rows, "drives_tracks": False}

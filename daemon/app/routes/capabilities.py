@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 
 from daemon.analysis.diagnosis import capability_diagnosis
 from daemon.app.routes.dependencies import Caller, CurrentDaemon
-from daemon.core import metrics
+from daemon.core import metrics, tracks
 
 if TYPE_CHECKING:
     from daemon.app.service import Daemon
@@ -20,6 +20,9 @@ router = APIRouter()
 
 class TrainRequest(BaseModel):
     reason: str | None = Field(default=None, max_length=2_000)
+    agent: str | None = Field(
+        default=None, max_length=200, description="The agent (service.name) to train for; default: the only one that sent runs."
+    )
 
 
 class Relabel(BaseModel):
@@ -45,23 +48,34 @@ def capabilities(daemon: CurrentDaemon) -> dict[str, Any]:
 
 
 @router.get("/api/capabilities/{name}")
-def capability(name: str, daemon: CurrentDaemon, window: str | None = None) -> dict[str, Any]:
+def capability(name: str, daemon: CurrentDaemon, window: str | None = None, agent: str | None = None) -> dict[str, Any]:
+    """One capability's overview, its statistics' history in `window` (over all agents, or `agent`'s
+    own) and the transitions of its tracks, newest first."""
     known_capability(daemon, name)
     overview = next(item for item in daemon.capability_overview() if item["name"] == name)
     window = window or daemon.settings.analysis.selection_window
-    overview["history"] = daemon.analysis_store.stats_history(name, window)
-    overview["transitions"] = daemon.analysis_store.transitions(name)
+    overview["history"] = daemon.analysis_store.stats_history(name, window, agent=agent or "")
+    found = [item for track in {name, *(track["track"] for track in overview["tracks"])} for item in daemon.analysis_store.transitions(track)]
+    overview["transitions"] = sorted(found, key=lambda item: item["transition_id"], reverse=True)[:100]
     return overview
 
 
 @router.post("/api/capabilities/{name}/train", status_code=202)
 def train(name: str, caller: Caller, daemon: CurrentDaemon, body: TrainRequest | None = None) -> dict[str, Any]:
+    """Open a training request for one agent's track of the capability (``daemon.core.tracks``)."""
     known_capability(daemon, name)
-    if daemon.analysis_store.open_training_request(name) is not None:
-        raise HTTPException(409, f"a training request for {name} is already open")
-    reason = (body.reason if body else None) or "requested through the API"
-    request = daemon.analysis_store.create_training_request(name, "manual", reason, caller, None)
-    metrics.TRAINING_REQUESTS.labels(name, "manual").inc()
+    body = body or TrainRequest()
+    services = daemon.analysis_store.services()
+    if body.agent is not None and body.agent not in services:
+        raise HTTPException(404, f"no runs from agent {body.agent!r}; known: {', '.join(services) or 'none yet'}")
+    if body.agent is None and len(services) != 1:
+        which = f"name one of {', '.join(services)}" if services else "no agent has sent runs yet"
+        raise HTTPException(422, f"which agent's {name} to train: {which} in 'agent'")
+    track = tracks.name(name, body.agent or services[0])
+    if daemon.analysis_store.open_training_request(track) is not None:
+        raise HTTPException(409, f"a training request for {track} is already open")
+    request = daemon.analysis_store.create_training_request(track, "manual", body.reason or "requested through the API", caller, None)
+    metrics.TRAINING_REQUESTS.labels(track, "manual").inc()
     return request
 
 
