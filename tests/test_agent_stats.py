@@ -44,9 +44,14 @@ TRACK = "precondition_verification"
 
 @pytest.fixture(scope="module")
 def two_agents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemon]:
-    daemon = make_daemon(tmp_path_factory.mktemp("agents"), analysis={"interval_s": 0.4, "min_failures": 3}).start()
+    # The scripted flows fail as the careless agent does, but are not trained for (train = false).
+    daemon = make_daemon(
+        tmp_path_factory.mktemp("agents"), analysis={"interval_s": 0.4, "min_failures": 3},
+        capabilities={"agents": [{"name": "scripted-flows", "train": False}]},
+    ).start()  # fmt: skip
     for service, conversations in (
-        ("careless-agent", [CARELESS] * 6), ("careful-agent", [CAREFUL] * 5), ("orders-agent", [ORDERS_FAILING] * 5 + [ORDERS_WORKING] * 3)
+        ("careless-agent", [CARELESS] * 6), ("careful-agent", [CAREFUL] * 5), ("orders-agent", [ORDERS_FAILING] * 5 + [ORDERS_WORKING] * 3),
+        ("scripted-flows", [CARELESS] * 4),
     ):  # fmt: skip
         sender = ConversationSender(daemon.http_url, service)
         for conversation in conversations:
@@ -70,7 +75,7 @@ def _wait(check: object, timeout_s: float = 60) -> None:
 
 def test_each_agent_is_listed_with_its_outcomes(two_agents: RunningDaemon) -> None:
     listed = {item["service_name"]: item for item in two_agents.get("/api/agents")["items"]}
-    assert set(listed) == {"careless-agent", "careful-agent", "orders-agent"}
+    assert set(listed) == {"careless-agent", "careful-agent", "orders-agent", "scripted-flows"}
     assert (listed["careless-agent"]["trajectories"], listed["careless-agent"]["failure"], listed["careless-agent"]["success"]) == (6, 6, 0)
     assert (listed["careful-agent"]["trajectories"], listed["careful-agent"]["success"]) == (5, 5)
     assert listed["careless-agent"]["agent_name"] == "support"
@@ -80,7 +85,7 @@ def test_an_agents_own_statistics_count_only_its_trajectories(two_agents: Runnin
     pooled = next(item for item in two_agents.get("/api/capabilities")["items"] if item["name"] == TRACK)
     pooled = pooled["windows"]["all"]
     # Over all agents, the careful agent's successes are the careless one's contrast.
-    assert (pooled["n_failure"], pooled["n_success"], pooled["er_minus"]) == (11, 8, 1.0)
+    assert (pooled["n_failure"], pooled["n_success"], pooled["er_minus"]) == (15, 8, 1.0)
 
     careless = two_agents.get("/api/agents/careless-agent/capabilities")
     assert careless["window"] == "all" and careless["drives_tracks"]
@@ -97,7 +102,7 @@ def test_an_agents_own_statistics_count_only_its_trajectories(two_agents: Runnin
     # on demand (pass 0), driving nothing.
     both = two_agents.get("/api/agents/support/capabilities")
     assert not both["drives_tracks"] and _stats(both["items"], TRACK)["pass_id"] == 0
-    assert (_stats(both["items"], TRACK)["n_failure"], _stats(both["items"], TRACK)["n_success"]) == (11, 8)
+    assert (_stats(both["items"], TRACK)["n_failure"], _stats(both["items"], TRACK)["n_success"]) == (15, 8)
     history = two_agents.get(f"/api/capabilities/{TRACK}", agent="careless-agent")["history"]
     assert history and {row["agent"] for row in history} == {"careless-agent"}
 
@@ -110,7 +115,10 @@ def test_two_agents_get_two_selections_and_environments_of_their_own_tools(two_a
 
     _wait(built)
     requests = {item["capability"] for item in two_agents.get("/api/training_requests")["items"]}
-    assert {request for request in requests if request.startswith(TRACK)} == set(wanted)  # none for the careful agent
+    # None for the careful agent (no gap), none for the flows (selected, but not trained for).
+    assert {request for request in requests if request.startswith(TRACK)} == set(wanted)
+    flows = _stats(two_agents.get("/api/agents/scripted-flows/capabilities")["items"], TRACK)
+    assert flows["selected"] and flows["state"] == "watching" and "train = false" in flows["state_reason"]
     environments = {item["capability"]: item for item in two_agents.get("/api/environments")["items"]}
     airline, orders = environments[f"{TRACK}.careless-agent"], environments[f"{TRACK}.orders-agent"]
     assert (airline["service_name"], orders["service_name"]) == ("careless-agent", "orders-agent")
@@ -145,9 +153,9 @@ def test_the_health_page_shows_one_agents_own_statistics(two_agents: RunningDaem
 
     test = app(two_agents.config_path, monkeypatch, "views/health.py")
     pooled = test.dataframe[0].value.set_index("capability").loc[TRACK]
-    assert pooled["failed runs lacking / needing"] == "11 / 11"
+    assert pooled["failed runs lacking / needing"] == "15 / 15"
     agents = test.selectbox(key="health_agent")
-    assert agents.options == ["all agents", "careful-agent", "careless-agent", "orders-agent", "support"]
+    assert agents.options == ["all agents", "careful-agent", "careless-agent", "orders-agent", "scripted-flows", "support"]
     agents.select("careless-agent").run()
     assert not test.exception
     own = test.dataframe[0].value.set_index("capability").loc[TRACK]

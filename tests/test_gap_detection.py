@@ -114,7 +114,7 @@ def test_cli_shows_the_selected_capabilities_with_evidence(loaded: tuple[Running
         [*command, "capabilities", "--config", str(daemon.config_path)],
         cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
-    assert "precondition_verification" in table.stdout and "environment" in table.stdout
+    assert f"precondition_verification for {SERVICE_NAME} environment" in " ".join(table.stdout.split())  # the agent's track
     shown_first = next(item for item in items if item["name"] == "precondition_verification")["evidence"][0]
     assert f"e.g. {shown_first['trajectory_id']}: {shown_first['reason'][:40]}" in " ".join(table.stdout.split())
     evidence = subprocess.run(

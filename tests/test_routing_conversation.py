@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 
-from daemon.core import generalist  # noqa: E402
+from daemon.core import generalist, tracks  # noqa: E402
 from router import routing  # noqa: E402
 from router.backend import EmbeddedBackend  # noqa: E402
 from router.routing import Classifier, Lease, RoutingTable  # noqa: E402
@@ -75,6 +75,20 @@ def load(table: RoutingTable, adapter: Callable[[str, int], Path]) -> Callable[.
         table.add(capability, version, adapter(capability, version), DESCRIPTIONS.get(capability, ""), canary)
 
     return loaded
+
+
+@pytest.fixture
+def candidates(table: RoutingTable, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The names the table's classifier is offered, one list per request it is asked about."""
+    offered: list[list[str]] = []
+    choose = table.classifier.choose
+
+    def recorded(first_user: str, names: Any) -> str | None:
+        offered.append([name for name, _ in names])
+        return choose(first_user, names)
+
+    monkeypatch.setattr(table.classifier, "choose", recorded)
+    return offered
 
 
 def route(table: RoutingTable, first_user: str | None, conversation: str | None = None, agent: str | None = None) -> Lease:
@@ -174,18 +188,10 @@ def test_modes_fixed_and_off_and_pinned_requests_ignore_the_memory(
 
 
 def test_the_generalist_serves_where_the_classifier_picks_base_and_is_never_a_candidate(
-    table: RoutingTable, load: Callable[..., None], backend: EmbeddedBackend, monkeypatch: pytest.MonkeyPatch
+    table: RoutingTable, load: Callable[..., None], backend: EmbeddedBackend, candidates: list[list[str]]
 ) -> None:
     to_base = prompt_where(backend, lambda c, p: c.choose(p, BILLING) is None)
     to_billing = prompt_where(backend, lambda c, p: c.choose(p, BILLING) == "billing")
-    candidates: list[list[str]] = []
-    choose = table.classifier.choose
-
-    def recorded(first_user: str, offered: Any) -> str | None:
-        candidates.append([name for name, _ in offered])
-        return choose(first_user, offered)
-
-    monkeypatch.setattr(table.classifier, "choose", recorded)
     load(AIRLINE, 1)
     served = route(table, to_base, agent=AGENT)  # no targeted candidate: the classifier is not asked
     assert (served.capability, served.reason, served.adapter) == (AIRLINE, "generalist", f"{AIRLINE}@v1")
@@ -203,6 +209,27 @@ def test_the_generalist_serves_where_the_classifier_picks_base_and_is_never_a_ca
     load(generalist.capability("hotel-agent"), 1)
     assert route(table, to_base).adapter is None  # no agent and two generalists: the base model
     assert route(table, to_base, agent="hotel-agent").adapter == "generalist.hotel-agent@v1"
+
+
+def test_an_agents_track_is_a_candidate_for_that_agents_requests_only(
+    table: RoutingTable, adapter: Callable[[str, int], Path], candidates: list[list[str]]
+) -> None:
+    """One agent's track (``<capability>.<agent>``, ``daemon.core.tracks``) serves that agent; a bare
+    capability serves everyone; a request naming no agent is the only served agent's."""
+    airline_billing, hotel_billing = tracks.name("billing", AGENT), tracks.name("billing", "hotel agent")
+    assert hotel_billing == "billing.hotel-agent"
+    table.add(airline_billing, 1, adapter(airline_billing, 1), DESCRIPTIONS["billing"])
+    route(table, PROMPTS[0], agent=AGENT)
+    route(table, PROMPTS[0])  # no agent named, one agent served: its tracks
+    route(table, PROMPTS[0], agent="hotel agent")  # another agent: not a candidate, nothing to ask
+    assert candidates == [[airline_billing], [airline_billing]]
+    table.add(hotel_billing, 1, adapter(hotel_billing, 1), DESCRIPTIONS["billing"])
+    table.add("shipping", 1, adapter("shipping", 1), DESCRIPTIONS["shipping"])
+    candidates.clear()
+    route(table, PROMPTS[0], agent="hotel agent")
+    route(table, PROMPTS[0], agent=AGENT)
+    route(table, PROMPTS[0])  # two agents served and none named: only what serves everyone
+    assert candidates == [[hotel_billing, "shipping"], [airline_billing, "shipping"], ["shipping"]]
 
 
 def test_a_held_conversation_holds_the_generalist_and_its_canary_arm(
@@ -265,6 +292,9 @@ def test_the_http_router_serves_the_named_agents_generalist_and_holds_the_conver
     assert loaded.status_code == 200, loaded.text
     refused = httpx.post(f"{router}/admin/adapters", json={**body, "capability": "generalist.x@v1"}, headers=admin)
     assert refused.status_code == 400 and "generalist" in refused.text
+    for name in ("generalist", "billing.hotel agent", "Billing.hotel-agent", "billing."):  # no agent, unsafe, no capability
+        refused = httpx.post(f"{router}/admin/adapters", json={**body, "capability": name}, headers=admin)
+        assert refused.status_code == 400 and "<capability>.<agent>" in refused.text, name
     before = {reason: _routed(router, reason) for reason in ("generalist", "held")}
 
     def chat(agent: str) -> httpx.Response:

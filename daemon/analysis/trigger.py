@@ -18,7 +18,7 @@ import orjson
 
 from daemon.core import metrics, tracks
 from daemon.analysis.capabilities import CapabilityRegistry
-from daemon.core.settings import AnalysisSettings, TriggerSettings
+from daemon.core.settings import AnalysisSettings, CapabilitySettings, TriggerSettings
 from daemon.store.store import COOLDOWN, GAP_DETECTED, HEALTHY, WATCHING, AnalysisStore, Store
 
 log = logging.getLogger(__name__)
@@ -54,12 +54,18 @@ class Trigger:
     """Consumes each new statistics pass exactly once and moves capability states."""
 
     def __init__(
-        self, store: Store, registry: CapabilityRegistry, analysis: AnalysisSettings, settings: TriggerSettings
+        self,
+        store: Store,
+        registry: CapabilityRegistry,
+        analysis: AnalysisSettings,
+        settings: TriggerSettings,
+        capabilities: CapabilitySettings | None = None,
     ) -> None:
         self.store = AnalysisStore(store)
         self.registry = registry
         self.analysis = analysis
         self.settings = settings
+        self.capabilities = capabilities or CapabilitySettings()
 
     def _gap_signal(self, stats: dict[str, Any]) -> bool:
         delta, coverage = stats["delta"], stats["coverage"]
@@ -116,6 +122,9 @@ class Trigger:
             return move(current, state.get("reason") or current, consecutive)
         if stats is None:
             return move(HEALTHY, "no labeled trajectories in the window")
+        agent = tracks.agent_of(capability)
+        if stats["selected"] and agent is not None and not self.capabilities.trains(agent):
+            return move(WATCHING, f"selected, not trained: [[capabilities.agents]] train = false for {agent}: {_summary(stats)}", 0)
         if stats["selected"]:
             consecutive += 1
             if consecutive >= self.settings.hold_passes:

@@ -301,6 +301,7 @@ def capabilities(config_path: Path | None, as_json: bool, window: str | None, ex
         _print_json({"items": items, "diagnosis": diagnosis})
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
 
@@ -329,8 +330,9 @@ def capabilities(config_path: Path | None, as_json: bool, window: str | None, ex
     if diagnosis:  # plain text: its [llm] and [[llm.custom]] are settings, not console markup
         console.print(Text(diagnosis["message"], style="yellow"))
     for item in items:
-        if item["selected"] or item["state"] != "healthy":
-            console.print(f"[bold]{item['name']}[/bold] {item['state']}: {item['state_reason']}")
+        for track in item.get("tracks") or []:  # each agent's own loop of the capability
+            if track["selected"] or track["state"] != "healthy":
+                console.print(f"[bold]{item['name']}[/bold] for {track['agent']} {track['state']}: {escape(str(track['state_reason']))}")
         if item["selected"] and examples:
             _print_evidence(console, config_path, item["name"], examples)
         request = item.get("open_training_request")

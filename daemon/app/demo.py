@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from daemon.app.client import ApiError, DaemonClient, DaemonUnavailable
-from daemon.core import generalist
+from daemon.core import generalist, tracks
 from daemon.core.intervals import mcnemar_p, paired_difference, wilson
 from daemon.core.progress import grpo_added_text, progress_text, reference_name, retention_text
 from daemon.core.settings import ENV_PREFIX, Settings, load_settings
@@ -38,6 +38,7 @@ if TYPE_CHECKING:  # the runner imports the OpenTelemetry SDK and Faker; the CLI
 
 # Demo defaults: analysis often enough to watch, a gate and training sized for the CPU, a canary
 # that decides on a few dozen conversations.
+SCRIPTED_FLOWS = "airline-scripted-flows"  # service.name of the scripted flows beside the model-driven agent
 DEMO: dict[str, dict[str, Any]] = {
     "analysis": {"interval_s": 10.0, "min_failures": 12},
     # The gate runs (and on SmolLM2-135M finds the base too weak for the airline tools, which the
@@ -71,6 +72,9 @@ DEMO: dict[str, dict[str, Any]] = {
         "min_trajectories": 12, "min_failure_rate": 0.5, "min_successes": 48, "max_conversations": 48, "held_out": 16, "epochs": 2,
         "exclude_conversations": ["airline-panel-"],
     },  # fmt: skip
+    # Each agent is its own loop (daemon/core/tracks.py). The scripted flows are a policy the router
+    # does not serve: their runs are evidence and successes to learn from, never trained for.
+    "capabilities": {"agents": [{"name": SCRIPTED_FLOWS, "train": False}]},
 }
 FAST: dict[str, dict[str, Any]] = {
     "analysis": {"interval_s": 5.0, "min_failures": 10},
@@ -202,7 +206,6 @@ def rate_record(count: int, total: int) -> dict[str, Any]:
 GENERALIST = "generalist"  # the period while the agent's generalist serves alone
 
 MODEL_DRIVEN = SERVICE_NAME  # service.name of the model-driven agent's traces (the example agent's own)
-SCRIPTED_FLOWS = "airline-scripted-flows"  # … and of the scripted flows next to it
 PANEL_BATCHES = 12  # the model-driven agent's goals: 12 seeded batches of 4 conversations (48 goals), over and over
 PANEL_BATCH = 4
 PANEL_RUN = "panel-"  # the panel's conversation ids start "airline-panel-…": no adapter learns from them
@@ -575,7 +578,7 @@ class Narrator:
             labels: dict[str, str] = {}
             page, offset = 500, 0
             while True:
-                found = self.client.get("/api/trajectories", capability=capability, limit=page, offset=offset)
+                found = self.client.get("/api/trajectories", capability=tracks.capability_of(capability), limit=page, offset=offset)
                 labels.update({item["conversation_id"]: item["label"] for item in found["items"] if item["conversation_id"] in conversations})
                 offset += page
                 if offset >= found["total"]:

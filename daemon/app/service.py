@@ -87,7 +87,7 @@ class Daemon:
         self.analysis_store = AnalysisStore(self.store)
         self.analyzer = Analyzer(self.store, self.registry, settings.analysis, settings.capabilities)
         self.judging = LLMJudging(self.analyzer, settings.llm)
-        self.trigger = Trigger(self.store, self.registry, settings.analysis, settings.trigger)
+        self.trigger = Trigger(self.store, self.registry, settings.analysis, settings.trigger, settings.capabilities)
         self.synthesizer = Synthesizer(self.analysis_store, self.registry, settings.capabilities)
         self.validator = Validator(self.analysis_store, settings)
         self.runs = RunStore(self.store)

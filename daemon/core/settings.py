@@ -15,6 +15,8 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from daemon.core import tracks
+
 _PACKAGED_DEFAULTS = Path(__file__).resolve().parent.parent / "default_config.toml"
 _SOURCE_DEFAULTS = Path(__file__).resolve().parent.parent.parent / "config.toml"
 ENV_PREFIX = "TRACEFIX_"
@@ -186,6 +188,12 @@ class AgentSettings(Section):
     handoff_tools: list[str] | None = Field(
         None, description="Its tools that hand the conversation to a person, in place of the name patterns; each must be one of its tools."
     )
+    train: bool = Field(
+        True,
+        description="Whether tracefix trains for this agent (its targeted adapters and its generalist). Set false for a policy"
+        " its router does not serve (a scripted flow, people, a stronger model): its runs still count as its own statistics"
+        " and as successes another agent's generalist may learn from.",
+    )
 
 
 class CapabilitySettings(Section):
@@ -246,6 +254,10 @@ class CapabilitySettings(Section):
     def agent(self, name: str) -> AgentSettings | None:
         """The [[capabilities.agents]] entry of agent `name`, if any."""
         return next((entry for entry in self.agents if entry.name == name), None)
+
+    def trains(self, agent: str) -> bool:
+        """Whether tracefix trains for `agent` (its service name, or its name as a track holds it)."""
+        return all(entry.train for entry in self.agents if agent in (entry.name, tracks.safe(entry.name)))
 
     def changes_state(self, tool: str) -> bool:
         """Whether calling `tool` changes state: the labelers and the environments both ask this."""

@@ -77,6 +77,8 @@ class GeneralistStage:
         """Why the agent's generalist does not train now (None: it may), and whether its targeted
         training waits for it."""
         settings = self.settings.generalist
+        if not self.settings.capabilities.trains(agent):
+            return "not trained for: [[capabilities.agents]] train = false", False
         failures, total = self.runs.agent_outcomes(agent, settings.min_trajectories)
         if total < settings.min_trajectories:
             return f"waits for outcomes: {total} of {settings.min_trajectories} runs have one", False
