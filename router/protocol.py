@@ -154,6 +154,11 @@ class ChatRequest(Strict):
     def first_user_turn(self) -> str | None:
         return next((message.text() for message in self.messages if message.role == "user"), None)
 
+    def instructions(self) -> str | None:
+        """The request's first system (or developer) message: the agent's instructions, by which the
+        router recognises an agent that names none in its metadata."""
+        return next((message.text() for message in self.messages if message.role in ("system", "developer")), None)
+
     @property
     def conversation_id(self) -> str | None:
         return (self.metadata or {}).get("conversation_id") or None

@@ -89,6 +89,9 @@ class LiveAdapter:
     in_flight: int = 0
     retiring: bool = False
     split: Split | None = field(default=None, repr=False)  # a canary's: which conversations it takes
+    # Digests of its agent's system instructions (``daemon.core.tracks.instructions_key``): a request
+    # that names no agent but carries one of them is that agent's.
+    instructions: frozenset[str] = frozenset()
 
     @property
     def canary(self) -> float | None:
@@ -111,6 +114,7 @@ class LiveAdapter:
             "state": "retiring" if self.retiring else "live",
             "role": self.role,
             "canary": self.canary,
+            "instructions": len(self.instructions),
         }
 
 
@@ -207,20 +211,28 @@ class RoutingTable:
         conversation: str | None = None,
         agent: str | None = None,
         latest_user: str | None = None,
+        instructions: str | None = None,
     ) -> Lease:
         """Route one request and hold its adapter version until `release`. `pinned` is a live adapter
         name the client asked for by model name; otherwise the mode decides. `conversation` (the
         client's conversation id) holds a conversation's classifier choice and keeps it on one canary
         arm; without it, its first user turn keeps the arm. `agent` names whose generalist serves
         where the classifier picks no targeted capability. `latest_user`, the request's last user
-        turn, is what the classifier reads instead of the first when conversations are not held."""
+        turn, is what the classifier reads instead of the first when conversations are not held.
+        `instructions`, the request's system message, names its agent where `agent` does not."""
         started = time.perf_counter()
-        lease = self._route(pinned, first_user, conversation, agent, latest_user)
+        lease = self._route(pinned, first_user, conversation, agent, latest_user, instructions)
         metrics.ROUTING_SECONDS.labels(lease.reason).observe(time.perf_counter() - started)
         return lease
 
     def _route(
-        self, pinned: str | None, first_user: str | None, conversation: str | None, agent: str | None, latest_user: str | None
+        self,
+        pinned: str | None,
+        first_user: str | None,
+        conversation: str | None,
+        agent: str | None,
+        latest_user: str | None,
+        instructions: str | None = None,
     ) -> Lease:
         unit = conversation or first_user
         turn = first_user if self.hold_conversations else latest_user or first_user
@@ -243,7 +255,7 @@ class RoutingTable:
             held = self._recall(conversation) if self.hold_conversations else None
             if held is not None:
                 return self._serve("held", None if held == BASE else held, unit, agent)
-            agent = self._agent(agent)
+            agent = self._agent(agent, instructions)
             candidates = [
                 (capability, self.adapters[self.current.get(capability) or self.canaries[capability]].description)
                 for capability in self._serving()
@@ -265,13 +277,20 @@ class RoutingTable:
         """Capabilities with a live or canary version, by name (table lock held)."""
         return sorted(set(self.current) | set(self.canaries))
 
-    def _agent(self, agent: str | None) -> str | None:
-        """The agent a request is served for: the one it names, or where it names none, the only agent
-        whose tracks (or generalist) are served (table lock held). An agent's track serves that agent
-        only (``daemon.core.tracks``); a bare capability's adapters serve everyone."""
+    def _agent(self, agent: str | None, instructions: str | None = None) -> str | None:
+        """The agent a request is served for: the one it names; where it names none, the agent whose
+        adapters were loaded with its system instructions' digest, else the only agent whose tracks
+        (or generalist) are served (table lock held). An agent's track serves that agent only
+        (``daemon.core.tracks``); a bare capability's adapters serve everyone."""
         if agent:
             return agent
-        owners = {owner for capability in self._serving() if (owner := tracks.agent_of(capability)) is not None}
+        serving = [self.adapters[name] for name in (*self.current.values(), *self.canaries.values())]
+        if instructions:
+            key = tracks.instructions_key(instructions)
+            recognised = {tracks.agent_of(adapter.capability) for adapter in serving if key in adapter.instructions} - {None}
+            if len(recognised) == 1:
+                return recognised.pop()
+        owners = {owner for adapter in serving if (owner := tracks.agent_of(adapter.capability)) is not None}
         return owners.pop() if len(owners) == 1 else None
 
     def _generalist(self, agent: str | None) -> str | None:
@@ -348,12 +367,19 @@ class RoutingTable:
     # -- administration ---------------------------------------------------------------------------
 
     def add(
-        self, capability: str, version: int, path: Path, description: str, canary: float | None = None
+        self,
+        capability: str,
+        version: int,
+        path: Path,
+        description: str,
+        canary: float | None = None,
+        instructions: Sequence[str] = (),
     ) -> dict[str, Any]:
         """Load `<capability>@v<version>` and switch the capability's traffic to it; the previous
         version retires. With `canary`, the new version takes only that share of the traffic (the
-        rest stays where it was) until `promote`; a canary it replaces retires. A rejected adapter
-        raises `AdapterRejected` and changes nothing."""
+        rest stays where it was) until `promote`; a canary it replaces retires. `instructions`: the
+        digests of its agent's system instructions. A rejected adapter raises `AdapterRejected` and
+        changes nothing."""
         name = adapter_name(capability, version)
         if canary is not None and not 0 < canary < 1:
             raise RoutingError(f"a canary takes a share of the traffic strictly between 0 and 1, not {canary}")
@@ -375,7 +401,7 @@ class RoutingTable:
             with self._lock:
                 self.adapters[name] = LiveAdapter(
                     name, capability, version, description or capability.replace("_", " "), str(path), time.time(),
-                    split=Split(canary) if canary is not None else None,
+                    split=Split(canary) if canary is not None else None, instructions=frozenset(instructions),
                 )
                 replaced = [self.canaries.pop(capability, None)]
                 if canary is None:

@@ -162,3 +162,22 @@ def test_the_health_page_shows_one_agents_own_statistics(two_agents: RunningDaem
     assert own["failed runs lacking / needing"] == "6 / 6" and pd.isna(own["ER+ (successes)"])  # no successes of its own
     assert own["selected"]  # the agent's own runs select its gap
     assert any("careless-agent's own runs" in caption.value for caption in test.caption)
+
+
+def test_the_router_is_told_each_tracks_agent_by_its_instructions(two_agents: RunningDaemon) -> None:
+    """What the daemon sends with a track's adapter so the router recognises the agent's requests
+    that name none: the digests of the agent's own system instructions (read in process, after the
+    daemon has stopped: it is the store's only writer while it runs)."""
+    from daemon.app.service import Daemon
+    from daemon.core import tracks
+    from daemon.core.settings import load_settings
+    from tests.conversations import SYSTEM
+
+    two_agents.stop()
+    daemon = Daemon(load_settings(two_agents.config_path))
+    try:
+        assert daemon.instructions(f"{TRACK}.orders-agent") == [tracks.instructions_key(ORDERS_SYSTEM)]
+        assert daemon.instructions(f"{TRACK}.careless-agent") == [tracks.instructions_key(SYSTEM)]
+        assert daemon.instructions(TRACK) == []  # a bare capability serves every agent
+    finally:
+        daemon.store.close()

@@ -232,6 +232,30 @@ def test_an_agents_track_is_a_candidate_for_that_agents_requests_only(
     assert candidates == [[hotel_billing, "shipping"], [airline_billing, "shipping"], ["shipping"]]
 
 
+def test_a_request_naming_no_agent_is_recognised_by_its_system_instructions(
+    table: RoutingTable, adapter: Callable[[str, int], Path], candidates: list[list[str]]
+) -> None:
+    airline, hotel = "You are the support agent of SkyWays.\nConfirm before changing a booking.", "You are the hotel desk."
+    airline_billing, hotel_billing = tracks.name("billing", AGENT), tracks.name("billing", "hotel-agent")
+    table.add(airline_billing, 1, adapter(airline_billing, 1), DESCRIPTIONS["billing"], instructions=[tracks.instructions_key(airline)])
+    table.add(hotel_billing, 1, adapter(hotel_billing, 1), DESCRIPTIONS["billing"], instructions=[tracks.instructions_key(hotel)])
+    described = {item["name"]: item["instructions"] for item in table.snapshot()["adapters"]}
+    assert described == {f"{airline_billing}@v1": 1, f"{hotel_billing}@v1": 1}
+
+    def offered(instructions: str | None) -> list[str]:
+        candidates.clear()
+        table.release(table.acquire(None, PROMPTS[0], None, None, None, instructions))
+        return candidates[0] if candidates else []
+
+    assert offered("You are the support agent of SkyWays.  Confirm before changing a booking.") == [airline_billing]  # spacing aside
+    assert offered(hotel) == [hotel_billing]
+    assert offered("You are someone else.") == [] and offered(None) == []  # two agents, none recognised: nothing to offer
+    # The agent the request names wins over its instructions.
+    candidates.clear()
+    table.release(table.acquire(None, PROMPTS[0], None, "hotel-agent", None, airline))
+    assert candidates == [[hotel_billing]]
+
+
 def test_a_held_conversation_holds_the_generalist_and_its_canary_arm(
     table: RoutingTable, load: Callable[..., None], backend: EmbeddedBackend
 ) -> None:
@@ -295,6 +319,8 @@ def test_the_http_router_serves_the_named_agents_generalist_and_holds_the_conver
     for name in ("generalist", "billing.hotel agent", "Billing.hotel-agent", "billing."):  # no agent, unsafe, no capability
         refused = httpx.post(f"{router}/admin/adapters", json={**body, "capability": name}, headers=admin)
         assert refused.status_code == 400 and "<capability>.<agent>" in refused.text, name
+    refused = httpx.post(f"{router}/admin/adapters", json={**body, "version": 2, "instructions": ["You are SkyWays."]}, headers=admin)
+    assert refused.status_code == 400 and "not an instructions digest" in refused.text
     before = {reason: _routed(router, reason) for reason in ("generalist", "held")}
 
     def chat(agent: str) -> httpx.Response:

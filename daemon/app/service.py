@@ -92,7 +92,7 @@ class Daemon:
         self.validator = Validator(self.analysis_store, settings)
         self.runs = RunStore(self.store)
         self.training = TrainingRunner(self.analysis_store, self.runs, settings, render=stored_prompt_messages)
-        self.promotion = Promotion(self.store, settings, describe=self.describe)
+        self.promotion = Promotion(self.store, settings, describe=self.describe, instructions=self.instructions)
         self.router_admin = RouterAdmin(settings)
         self.gates = GateRunner(self.promotion, self.runs, settings, self.router_admin)
         self.last_analysis: dict[str, Any] | None = None
@@ -117,6 +117,12 @@ class Daemon:
             return f"the generalist of {agent}: what its successful runs do"
         capability = tracks.capability_of(name)
         return self.registry[capability].description if capability in self.registry else name
+
+    def instructions(self, name: str) -> list[str]:
+        """The digests of the system instructions of a track's agent, by which the router recognises
+        its requests when they name no agent (none for a bare capability)."""
+        agent = tracks.agent_of(name)
+        return [tracks.instructions_key(text) for text in self.analysis_store.instructions_of(agent)] if agent else []
 
     def health(self) -> tuple[bool, list[str]]:
         problems = [f"job {job} failing: {error}" for job, error in self._job_errors.items()]

@@ -12,6 +12,7 @@ adapter trained or loaded for it serves any agent.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 SEPARATOR = "."
@@ -51,3 +52,13 @@ def serves(track: str, agent: str | None) -> bool:
     a bare capability's serve anyone; an agent's track serves that agent only."""
     own = agent_of(track)
     return own is None or (agent is not None and own == safe(agent))
+
+
+INSTRUCTIONS_KEY = re.compile(r"^[0-9a-f]{32}$")
+
+
+def instructions_key(text: str) -> str:
+    """How the router recognises an agent by its system instructions without storing them: a digest
+    of the text with its whitespace collapsed (the daemon sends the digests of each agent's
+    instructions with its adapters; a request's system message is digested the same way)."""
+    return hashlib.sha256(" ".join(text.split()).encode()).hexdigest()[:32]

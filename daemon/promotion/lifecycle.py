@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -62,7 +62,10 @@ class NotFound(LookupError):
 class RouterClient(Protocol):
     """What promotion needs from the router's admin API."""
 
-    def load(self, name: str, capability: str, version: int, path: str, description: str, canary: float | None = None) -> None: ...
+    def load(
+        self, name: str, capability: str, version: int, path: str, description: str, canary: float | None = None,
+        instructions: Sequence[str] = (),
+    ) -> None: ...
 
     def promote(self, name: str) -> None: ...
 
@@ -85,11 +88,19 @@ class Decision:
 
 
 class Promotion:
-    def __init__(self, store: Store, settings: Settings | None = None, describe: Callable[[str], str] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: Settings | None = None,
+        describe: Callable[[str], str] | None = None,
+        instructions: Callable[[str], list[str]] | None = None,
+    ) -> None:
         self.store = store
         self.settings = settings or Settings()
         # What the router's classifier reads about a capability: its description (default: its name).
         self.describe = describe or (lambda capability: capability)
+        # The digests of a track's agent's system instructions, by which the router recognises it.
+        self.instructions = instructions or (lambda capability: [])
         self.runs = RunStore(store)
         # Decisions take turns: a rollback by hand must not land between the promote job reading
         # what the router serves and loading what the registry wants (it would load it again).
@@ -196,8 +207,7 @@ class Promotion:
         for adapter in self.in_state("approved"):
             name = served_name(adapter)
             fraction = settings.canary_fraction if settings.canary else None
-            if not self._router_call(adapter, f"router did not load {name}", router.load, name, adapter["capability"],
-                                     adapter["version"], adapter["path"], self.describe(adapter["capability"]), fraction):  # fmt: skip
+            if not self._router_call(adapter, f"router did not load {name}", router.load, *self._loading(adapter, fraction)):
                 continue
             if fraction is None:
                 decisions += self._go_live(adapter, self._pre_promotion_rate(adapter), f"loaded into the router as {name}")
@@ -342,7 +352,7 @@ class Promotion:
             restored = self.runs.retired_before(adapter["capability"], adapter["version"])
             previous = [restored] if restored else []
             if previous:
-                router.load(served_name(previous[0]), previous[0]["capability"], previous[0]["version"], previous[0]["path"], self.describe(previous[0]["capability"]))
+                router.load(*self._loading(previous[0]))
             router.unload(served_name(adapter))
             decisions = [self.move(adapter_id, "rolled_back", actor, reason, "rollback")]
             if previous:
@@ -351,6 +361,15 @@ class Promotion:
                               routed_since_ns=time.time_ns())  # fmt: skip
                 )
             return decisions
+
+    def _loading(self, adapter: dict[str, Any], fraction: float | None = None) -> tuple[Any, ...]:
+        """What ``RouterClient.load`` takes for this adapter: its served name, capability, version,
+        path and description, the canary share, and its agent's instructions digests."""
+        capability = adapter["capability"]
+        return (
+            served_name(adapter), capability, adapter["version"], adapter["path"], self.describe(capability), fraction,
+            self.instructions(capability),
+        )  # fmt: skip
 
     def reconcile(self, router: RouterClient) -> tuple[list[str], list[str]]:
         """Bring the router to exactly the registry's live and canary set (after either restarts):
@@ -366,7 +385,7 @@ class Promotion:
                 continue
             if name in serving:  # loaded in the wrong role: a canary the router took for the version
                 router.unload(name)
-            router.load(name, adapter["capability"], adapter["version"], adapter["path"], self.describe(adapter["capability"]), fraction)
+            router.load(*self._loading(adapter, fraction))
             loaded.append(name)
         for name in set(serving) - set(wanted):
             router.unload(name)

@@ -3,6 +3,7 @@ serves. Errors are raised with the router's own message so promotion can show th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
@@ -54,10 +55,23 @@ class RouterAdmin:
         except (ValueError, KeyError, TypeError):
             return response.text[:300]
 
-    def load(self, name: str, capability: str, version: int, path: str, description: str, canary: float | None = None) -> None:
-        """Load ``<capability>@v<version>`` (as a canary taking `canary` of the capability's traffic);
-        already serving it counts as loaded (never reloaded)."""
-        body = {"capability": capability, "version": version, "path": path, "description": description, "canary": canary}
+    def load(
+        self,
+        name: str,
+        capability: str,
+        version: int,
+        path: str,
+        description: str,
+        canary: float | None = None,
+        instructions: Sequence[str] = (),
+    ) -> None:
+        """Load ``<capability>@v<version>`` (as a canary taking `canary` of the capability's traffic,
+        recognising its agent by the digests of its `instructions`); already serving it counts as
+        loaded (never reloaded)."""
+        body = {
+            "capability": capability, "version": version, "path": path, "description": description, "canary": canary,
+            "instructions": list(instructions),
+        }  # fmt: skip
         response = self._call("POST", "/admin/adapters", json=body)
         if response.status_code == 409 or response.is_success:
             return

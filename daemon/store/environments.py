@@ -43,8 +43,7 @@ class EnvironmentStore(Tables):
         for a bare capability the agent whose failed runs lack it most often."""
         agent = tracks.agent_of(track)
         if agent is not None:
-            services = self.store.query("SELECT DISTINCT service_name FROM trajectories ORDER BY 1")
-            return next((row["service_name"] for row in services if tracks.safe(row["service_name"]) == agent), agent)
+            return self.service_of(agent)
         rows = self.store.query(
             "SELECT t.service_name FROM labels l JOIN trajectories t USING (trajectory_id) "
             "JOIN trajectory_outcomes o USING (trajectory_id) "
@@ -53,6 +52,22 @@ class EnvironmentStore(Tables):
             [track],
         )
         return rows[0]["service_name"] if rows else None
+
+    def service_of(self, agent: str) -> str:
+        """The service.name a track's (made-safe) agent name stands for; the name itself when no
+        service that sent runs makes it."""
+        services = self.store.query("SELECT DISTINCT service_name FROM trajectories ORDER BY 1")
+        return next((row["service_name"] for row in services if tracks.safe(row["service_name"]) == agent), agent)
+
+    def instructions_of(self, agent: str, limit: int = 8) -> list[str]:
+        """The distinct system instructions of the (made-safe) agent's newest runs, newest first."""
+        rows = self.store.query(
+            "SELECT content FROM (SELECT m.content, max(t.updated_batch) AS newest FROM messages m "
+            "JOIN trajectories t USING (trajectory_id) WHERE t.service_name = ? AND m.role = 'system' "
+            "AND coalesce(m.content, '') <> '' GROUP BY m.content) ORDER BY newest DESC LIMIT ?",
+            [self.service_of(agent), limit],
+        )
+        return [row["content"] for row in rows]
 
     def requests_without_environment(self) -> list[dict[str, Any]]:
         return self.store.query(

@@ -32,6 +32,12 @@ class AdapterLoad(BaseModel):
     canary: float | None = Field(
         None, gt=0, lt=1, description="Load as a canary taking this share of the capability's traffic until promoted."
     )
+    instructions: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Digests of the agent's system instructions (daemon.core.tracks.instructions_key): a request naming no"
+        " agent whose system message has one of them is this agent's.",
+    )
 
     @field_validator("capability")
     @classmethod
@@ -47,6 +53,15 @@ class AdapterLoad(BaseModel):
         )
 
 
+    @field_validator("instructions")
+    @classmethod
+    def _digests(cls, digests: list[str]) -> list[str]:
+        wrong = [digest for digest in digests if not tracks.INSTRUCTIONS_KEY.match(digest)]
+        if wrong:
+            raise ValueError(f"{wrong[0][:40]!r} is not an instructions digest (32 lowercase hex digits)")
+        return digests
+
+
 class RoutingChange(BaseModel):
     mode: str
     adapter: str | None = Field(None, description="With mode 'fixed': a live adapter, its capability, or 'base'.")
@@ -60,7 +75,7 @@ def adapter_not_found(name: str) -> ApiError:
 @router.post("/admin/adapters")
 def load_adapter(body: AdapterLoad, table: Table) -> dict[str, Any]:
     try:
-        return table.add(body.capability, body.version, Path(body.path), body.description, body.canary)
+        return table.add(body.capability, body.version, Path(body.path), body.description, body.canary, body.instructions)
     except AdapterRejected as error:
         raise ApiError(422, str(error), code="adapter_rejected", param="path") from None
     except AdapterConflict as error:

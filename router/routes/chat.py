@@ -149,7 +149,9 @@ async def _submit(
     max_tokens = completion_budget(len(prompt), chat.requested_tokens, backend.context_tokens, settings.max_new_tokens)
     try:
         latest = None if table.hold_conversations else latest_user_turn(chat)
-        lease = await run_in_threadpool(table.acquire, pinned, chat.first_user_turn(), chat.conversation_id, chat.agent, latest)
+        lease = await run_in_threadpool(
+            table.acquire, pinned, chat.first_user_turn(), chat.conversation_id, chat.agent, latest, chat.instructions()
+        )
     except UnknownAdapter:  # retired between the check and the lease
         raise model_not_found(chat.model) from None
     except BackendUnavailable as error:  # the classifier could not ask the model
