@@ -196,3 +196,89 @@ def test_a_run_given_tools_that_answers_in_prose_what_a_tool_is_for_lacks_tool_c
     if expected == "LACKING":
         assert "without calling any of the 3 tools" in judgement.reason and judgement.span_ids == ("s1",)
         assert judgement.confidence < 1
+
+
+def _run(*steps: tuple[str, str] | tuple[str, str, dict, object]):  # type: ignore[no-untyped-def]
+    """A trajectory from ("user" | "assistant", text) turns and ("call", tool, arguments, result) steps,
+    each call made by an assistant turn of its own and answered by a tool turn."""
+    import orjson
+
+    from daemon.analysis.capabilities import ToolCall, ToolSpec, Trajectory, Turn
+
+    turns, calls = [], []
+    for step in steps:
+        if step[0] == "call":
+            _, tool, arguments, result = step  # type: ignore[misc]
+            position = len(turns)
+            turns.append(Turn(position, "assistant", "", [{"name": tool}], None, f"s{position}"))
+            calls.append(ToolCall(len(calls), tool, f"c{position}", orjson.dumps(arguments).decode(), orjson.dumps(result).decode(),
+                                  None, position, f"s{position}"))  # fmt: skip
+            turns.append(Turn(position + 1, "tool", orjson.dumps(result).decode(), [], f"c{position}", f"s{position + 1}"))
+        else:
+            turns.append(Turn(len(turns), step[0], step[1], [], None, f"s{len(turns)}"))
+    declared = ["get_account", "list_plans", "change_plan", "cancel_subscription", *(call.name for call in calls)]
+    specs = {name: ToolSpec(name, "", {"type": "object"}) for name in declared}  # what the agent declared
+    return Trajectory("t", "helpdesk", "failure", turns, calls, specs, "trajectory")
+
+
+ACCOUNT = ("call", "get_account", {"account_id": "ACC-1"}, {"account_id": "ACC-1", "plan": "standard", "monthly_price": 12.0})
+PLANS = ("call", "list_plans", {}, {"plans": [{"plan": "basic", "monthly_price": 8.0}, {"plan": "premium", "monthly_price": 24.0}]})
+CHANGE = ("call", "change_plan", {"account_id": "ACC-1", "plan": "basic"}, {"plan": "basic"})
+CANCEL = ("call", "cancel_subscription", {"account_id": "ACC-1", "subscription_id": "SUB-1"}, {"status": "cancelled"})
+
+
+@pytest.mark.parametrize(
+    ("offer", "made", "expected"),
+    [
+        ("I can change your plan to Basic and cancel Cloud Backup. Shall I?", [CHANGE], "LACKING"),  # one of two left undone
+        ("I can change your plan to Basic and cancel Cloud Backup. Shall I?", [CHANGE, CANCEL], "PRESENT"),
+        ("I can't cancel Cloud Backup today, but I can change your plan to Basic. Shall I?", [CHANGE], "PRESENT"),  # not offered
+        ("I can change your plan to Basic and cancel Cloud Backup. Shall I?", [], "NA"),  # no change at all: not this capability's
+    ],
+)
+def test_a_confirmed_offer_of_several_changes_must_all_be_made(offer: str, made: list, expected: str) -> None:
+    from daemon.analysis.builtin_capabilities import MultiStepCompletion
+    from daemon.core.settings import CapabilitySettings
+
+    run = _run(("user", "Switch me to basic and drop Cloud Backup."), ACCOUNT, ("assistant", offer), ("user", "Yes, go ahead."), *made,
+               ("assistant", "All set."))  # fmt: skip
+    judgement = MultiStepCompletion(CapabilitySettings()).label(run)
+    assert judgement.label.value == expected, judgement.reason
+    if expected == "LACKING":
+        assert judgement.reason == "the agent offered to cancel and the user confirmed; no cancel_subscription call followed"
+
+
+TASKS = ("call", "list_tasks", {"status": "open"}, {"tasks": [{"id": f"t{n}", "status": "open", "points": n} for n in (1, 2, 3)]})
+RESERVATION = ("call", "get_reservation", {"reservation_id": "R-1"},
+               {"reservation_id": "R-1", "passengers": [{"name": "Ann"}], "price": 538, "status": "confirmed"})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("read", "answer", "expected"),
+    [
+        (TASKS, "Done. 3 tasks are still open.", "PRESENT"),
+        (TASKS, "Done. 4 tasks are still open.", "LACKING"),  # the listing holds 3
+        (TASKS, "You have 2 open tasks left.", "LACKING"),
+        (TASKS, "The open tasks add up to 6 story points.", "PRESENT"),  # 1 + 2 + 3
+        (TASKS, "The open tasks add up to 7 story points.", "LACKING"),
+        # A record that holds a list is no listing: "2 passengers" may be of a new booking.
+        (RESERVATION, "In total that is $538 for 2 passengers.", "PRESENT"),
+        (RESERVATION, "That is 538 per passenger in total.", "PRESENT"),
+        (ACCOUNT, "Premium costs $24.00 a month ($12.00 more).", "PRESENT"),  # a difference of two values read
+    ],
+)
+def test_a_sum_up_of_listed_records_must_match_the_listing(read: tuple, answer: str, expected: str) -> None:
+    from daemon.analysis.builtin_capabilities import StructuredDataReasoning
+
+    steps = [read, PLANS] if read is ACCOUNT else [read]
+    judgement = StructuredDataReasoning().label(_run(("user", "How do things stand?"), *steps, ("assistant", answer)))
+    assert judgement.label.value == expected, judgement.reason
+
+
+def test_a_stated_difference_must_be_one_of_two_values_read() -> None:
+    from daemon.analysis.builtin_capabilities import StructuredDataReasoning
+
+    judgement = StructuredDataReasoning().label(
+        _run(("user", "Move me to premium."), ACCOUNT, PLANS, ("assistant", "Premium costs $24.00 ($17.00 more). Shall I?"))
+    )
+    assert judgement.label.value == "LACKING" and "a difference of $17.00" in judgement.reason, judgement.reason

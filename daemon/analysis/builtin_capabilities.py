@@ -7,6 +7,7 @@ deterministic, no model.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -258,6 +259,25 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 _NEGATED = re.compile(r"\b(?:not|don't|do not|didn't|never|no need to|can't|cannot|wouldn't|won't)\s+(?:\w+\s+){0,2}$")
 
 
+def _confirms(settings: CapabilitySettings, text: str) -> bool:
+    """A confirming phrase in a sentence that is no question ("How can we proceed?") and not negated."""
+    for sentence in _SENTENCE_END.split(text.lower()):
+        if sentence.rstrip().endswith("?"):
+            continue
+        for phrase in settings.confirmation_phrases:
+            for match in re.finditer(rf"(?<![a-z']){re.escape(phrase)}(?![a-z])", sentence):
+                if not _NEGATED.search(sentence[max(0, match.start() - 24) : match.start()]):
+                    return True
+    return False
+
+
+def _changes_state(settings: CapabilitySettings, tool: str, profile: AgentProfile | None) -> bool:
+    """Whether `tool` changes state: the agent's profile says, else [capabilities]' names and prefixes."""
+    if profile is not None and profile.state_changing_tools is not None:
+        return tool in profile.state_changing_tools
+    return settings.changes_state(tool)
+
+
 @dataclass(slots=True)
 class PreconditionVerification:
     """LACKING when a state-changing call changes an entity the agent never read, or runs without the
@@ -271,20 +291,11 @@ class PreconditionVerification:
     version: str = "4"
 
     def changes_state(self, tool: str, profile: AgentProfile | None = None) -> bool:
-        if profile is not None and profile.state_changing_tools is not None:
-            return tool in profile.state_changing_tools
-        return self.settings.changes_state(tool)
+        return _changes_state(self.settings, tool, profile)
 
     def confirms(self, text: str) -> bool:
         """A confirming phrase in a sentence that is no question ("How can we proceed?") and not negated."""
-        for sentence in _SENTENCE_END.split(text.lower()):
-            if sentence.rstrip().endswith("?"):
-                continue
-            for phrase in self.settings.confirmation_phrases:
-                for match in re.finditer(rf"(?<![a-z']){re.escape(phrase)}(?![a-z])", sentence):
-                    if not _NEGATED.search(sentence[max(0, match.start() - 24) : match.start()]):
-                        return True
-        return False
+        return _confirms(self.settings, text)
 
     def checks(self, trajectory: Trajectory) -> list[_WriteCheck]:
         """Each state-changing call with what came before it: a read of its entity, the user's
@@ -440,7 +451,7 @@ class MultiStepCompletion:
 
     settings: CapabilitySettings
     name: str = "rules.multi_step_completion"
-    version: str = "5"
+    version: str = "6"
 
     def label(self, trajectory: Trajectory) -> Judgement:
         calls = trajectory.tool_calls
@@ -471,6 +482,12 @@ class MultiStepCompletion:
                     Label.LACKING, f"the user listed {len(listed)} operations; no call carried out the one on {names}",
                     _span(trajectory.turns[-1]) if trajectory.turns else (),
                 )  # fmt: skip
+        left = self._confirmed_not_done(trajectory)
+        if left is not None:
+            verb, tool, turn = left
+            return Judgement(
+                Label.LACKING, f"the agent offered to {verb} and the user confirmed; no {tool} call followed", _span(turn)
+            )  # fmt: skip
         if len(calls) < 2 and len(listed) < 2:
             return Judgement(Label.NA, "fewer than two tool calls: not a multi-step task")
         assistant_turns = [turn for turn in trajectory.turns if turn.role == "assistant"]
@@ -491,6 +508,41 @@ class MultiStepCompletion:
         if not last.content.strip():
             return Judgement(Label.LACKING, "the run ends on an empty assistant turn", _span(last))
         return Judgement(Label.PRESENT, f"{len(calls)} dependent calls ran to a final answer")
+
+
+    def _confirmed_not_done(self, trajectory: Trajectory) -> tuple[str, str, Any] | None:
+        """A change the agent offered and the user confirmed that no call made: (verb, tool, the offer).
+
+        The offer is the agent's last words before a confirming user turn; a change it offers is a
+        state-changing tool of the agent whose verb (the first word of its name: ``cancel`` of
+        ``cancel_subscription``) the offer uses as a word, not negated. It counts only where the run
+        made some change after the confirmation, but not that one: the agent carried out part of
+        what was confirmed. An agent that made no change at all changed its mind or was stopped,
+        which other capabilities judge."""
+        profile = trajectory.profile
+        handoff = profile.handoff_tools if profile else None
+        verbs: dict[str, list[str]] = defaultdict(list)
+        for tool in dict.fromkeys([*trajectory.tools, *(call.name for call in trajectory.tool_calls)]):
+            if _changes_state(self.settings, tool, profile) and not (tool in handoff if handoff is not None else self.settings.hands_off(tool)):
+                verbs[tool.split("_", 1)[0].lower()].append(tool)
+        turns = trajectory.turns
+        for index, turn in enumerate(turns):
+            if turn.role != "user" or not _confirms(self.settings, turn.content):
+                continue
+            offer = next((earlier for earlier in reversed(turns[:index]) if earlier.role == "assistant" and earlier.content.strip()), None)
+            if offer is None:
+                continue
+            text = offer.content.lower()
+            offered = [
+                verb for verb in verbs
+                if any(not _NEGATED.search(text[max(0, match.start() - 24) : match.start()]) for match in re.finditer(rf"\b{re.escape(verb)}\b", text))
+            ]  # fmt: skip
+            made = {call.name for call in trajectory.tool_calls if not call.failed and _turn_of(trajectory, call) > turn.position}
+            writes = made & {tool for tools in verbs.values() for tool in tools}
+            undone = [verb for verb in offered if not made & set(verbs[verb])]
+            if writes and undone:
+                return undone[0], " or ".join(verbs[undone[0]]), offer
+        return None
 
 
 _LIST_ITEM = re.compile(r"^\s*(?:\d{1,2}[.)]|[-*•])\s+(.+)$", re.MULTILINE)
@@ -543,7 +595,7 @@ class StructuredDataReasoning:
     """
 
     name: str = "rules.structured_data_reasoning"
-    version: str = "3"
+    version: str = "4"
 
     def label(self, trajectory: Trajectory) -> Judgement:
         record_numbers: list[float] = []
@@ -564,11 +616,14 @@ class StructuredDataReasoning:
             record_numbers.extend(_numbers_in(call.result or "") if result is None or isinstance(result, (str, int, float)) else [])
         if not record_numbers:
             return Judgement(Label.NA, "no tool returned numeric records")
+        miscounted, summed_up = _sum_ups(trajectory)
+        if miscounted is not None:
+            return miscounted
         totals: list[float] = []  # built at the first stated number: a run that states none never needs them
         from_records: _Derivable | None = None  # the records alone: most stated numbers need no more
         context: list[str] = []  # what the agent had read or been told before each turn, as text
         with_context: tuple[int, _Derivable] | None = None
-        stated = 0
+        stated = summed_up
         for turn in trajectory.turns:
             if turn.role != "assistant":
                 context.append(turn.content or "")
@@ -583,6 +638,14 @@ class StructuredDataReasoning:
                 if _is_date_or_time(turn.content, match, value):
                     continue
                 stated += 1
+                if _DIFFERENCE_AFTER.match(turn.content, match.end()):
+                    read = [*record_numbers, *(number for said in context for number in _numbers_in(said))]
+                    if not _a_difference(value, read):
+                        return Judgement(
+                            Label.LACKING, f"states a difference of {text.strip()} that no two values it read differ by (message {turn.position})",
+                            _span(turn),
+                        )  # fmt: skip
+                    continue
                 if from_records is None:
                     within_records = [total for record_totals in per_record.values() for total in record_totals]
                     totals = [*by_key.values(), *within_records, *_subset_sums(per_record)]
@@ -602,6 +665,96 @@ class StructuredDataReasoning:
         if not stated:
             return Judgement(Label.NA, "no number stated from the records")
         return Judgement(Label.PRESENT, f"{stated} stated numbers match the returned records")
+
+
+# A sentence that sums up ("16 tasks are still open", "25 story points remain", "3 in total").
+_AGGREGATE = re.compile(
+    r"\b(?:left|remain(?:s|ing)?|still|in total|total|altogether|overall|(?:add|adds|added|sum|sums|come|comes) (?:up )?to)\b",
+    re.IGNORECASE,
+)
+_NOT_COUNTED = frozenset({"per", "each", "a", "an", "every", "of"})  # "538 per passenger" is no count of passengers
+# A count and the words after it, one of which says what it counts ("11 open tasks", "25 story points").
+_COUNTED = re.compile(r"(?<![\w.$€£/:-])(\d{1,6})((?:\s+[a-z-]+){1,3})", re.IGNORECASE)
+
+
+def _record_lists(value: Any) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The list of records (JSON objects) a listing returned, with the key it sits under: the result
+    itself, or its one list beside at most two scalars (``{"tasks": [...], "count": 15}``). A record
+    that holds a list (a reservation's passengers) is no listing: a count said of it may be of part."""
+    if isinstance(value, list):
+        return [("", value)] if value and all(isinstance(entry, dict) for entry in value) else []
+    if not isinstance(value, dict):
+        return []
+    lists = [(str(key), item) for key, item in value.items() if isinstance(item, list)]
+    others = [item for item in value.values() if not isinstance(item, list)]
+    if len(lists) != 1 or len(others) > 2 or any(isinstance(item, dict) for item in others):
+        return []
+    key, records = lists[0]
+    return [(key, records)] if all(isinstance(entry, dict) for entry in records) else []
+
+
+def _counted_by(noun: str, records: list[dict[str, Any]], key: str) -> float | None:
+    """What a sum-up of `noun` over this list of records must say: its length where the list is of
+    `noun` ("tasks"), the total of a numeric field named `noun` ("points"); None for other nouns."""
+    names = {noun, noun + "s", noun.removesuffix("s")} - {""}
+    if key.lower() in names:
+        return float(len(records))
+    fields = [record.get(name) for record in records for name in names if name in record]
+    if fields and all(isinstance(value, (int, float)) and not isinstance(value, bool) for value in fields):
+        return float(sum(fields))
+    return None
+
+
+def _sum_ups(trajectory: Trajectory) -> tuple[Judgement | None, int]:
+    """LACKING where the agent sums up records and the sum is not that of the last list it read of
+    them: "16 tasks are still open" after a listing of 15 open tasks, "25 story points remain" where
+    the listed tasks' points add up to 31; with how many sum-ups matched. Only sentences that sum up
+    count (left, remaining, still, in total), only against the newest listing of that kind read
+    before the sentence: a count of part of a list ("1 upcoming reservation") is no sum-up of it."""
+    matched = 0
+    calls = [(call, _turn_of(trajectory, call)) for call in trajectory.tool_calls if not call.failed]
+    for turn in trajectory.turns:
+        if turn.role != "assistant" or not turn.content:
+            continue
+        read = [lists for call, at in reversed(calls) if at < turn.position and (lists := _record_lists(call.parsed_result()))]
+        if not read:
+            continue
+        for sentence in _SENTENCE_END.split(turn.content):
+            if not _AGGREGATE.search(sentence):
+                continue
+            for match in _COUNTED.finditer(sentence):
+                value = float(match.group(1))
+                if _is_date_or_time(sentence, match, value):
+                    continue
+                nouns = list(itertools.takewhile(lambda word: word not in _NOT_COUNTED, match.group(2).lower().split()))
+                expected = next(
+                    (
+                        found for noun in nouns for lists in read for key, records in lists
+                        if (found := _counted_by(noun, records, key)) is not None
+                    ),
+                    None,
+                )  # fmt: skip
+                if expected is not None and abs(expected - value) > 1e-6:
+                    return Judgement(
+                        Label.LACKING,
+                        f"says {match.group(0).strip()}; the last list it read adds up to {expected:g} (message {turn.position})",
+                        _span(turn),
+                    ), matched  # fmt: skip
+                matched += expected is not None
+    return None, matched
+
+
+# "$4.00 more", "($3.50 less)", "€2 cheaper": the number is a difference of two values.
+_DIFFERENCE_AFTER = re.compile(r"\s*(?:a month\s+|per month\s+|/mo\s+)?(?:more|less|cheaper|higher|lower|extra)\b", re.IGNORECASE)
+
+
+def _a_difference(value: float, numbers: list[float]) -> bool:
+    """Whether two of the numbers differ by `value` (in cents, a cent either way), or it is one of them."""
+    cents = {round(number * 100) for number in numbers}
+    target = round(value * 100)
+    return any(target + step in cents for step in (-1, 0, 1)) or any(
+        known + target + step in cents for known in cents for step in (-1, 0, 1)
+    )
 
 
 def _subset_sums(per_record: dict[str, list[float]], most: int = 12) -> set[float]:
