@@ -177,7 +177,7 @@ def daemon(tmp_path: Path) -> Iterator[RunningDaemon]:
 @pytest.fixture(scope="session")
 def smollm2_tokenizer() -> Any:
     """SmolLM2's real tokenizer, read from the embedded GGUF file (no hub)."""
-    pytest.importorskip("transformers")
+    import transformers  # noqa: F401  (installed by make test: never skipped)
     from transformers import AutoTokenizer
 
     from trainer.model import embedded_gguf
@@ -253,7 +253,9 @@ def serving_router(config: Path) -> Iterator[tuple[str, Any, Any]]:
     server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
+    deadline = time.monotonic() + 30
     while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the in-process router did not start"
         time.sleep(0.02)
     try:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}", app, backend

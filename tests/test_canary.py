@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-openai = pytest.importorskip("openai")
-pytest.importorskip("peft")
+import openai
+import peft  # noqa: F401  (installed by make test: never skipped)
 
 from opentelemetry import propagate  # noqa: E402
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402

@@ -19,6 +19,7 @@ from daemon.core.settings import StoreSettings
 from daemon.store.store import Store
 from examples.traffic import generate, send
 from tests.conftest import RunningDaemon, free_port, make_daemon, wait_for
+from tests.otlp_builders import metric
 from tests.otlp_builders import JSON, json_bytes, json_span, json_traces, new_span_id, post
 from tests.lora_support import register_candidate
 
@@ -82,7 +83,8 @@ def test_with_no_reference_at_all_the_canary_waits_instead_of_passing(canaries: 
     daemon, _, _ = canaries
     # Let the promote job judge the other canary first: passes are running, and this one's data is in.
     wait_for(lambda: daemon.get("/api/adapters/1")["last_error"], timeout_s=60)
-    time.sleep(1.5)  # several more promote passes (every 0.3 s)
+    passes = metric(daemon, "tracefix_job_runs_total", job="promote")
+    wait_for(lambda: metric(daemon, "tracefix_job_runs_total", job="promote") >= passes + 3, timeout_s=60)  # three more promote passes
     adapter = daemon.get("/api/adapters/2")
     assert adapter["state"] == "canary" and adapter["last_error"] is None  # never tried to promote it
     routing = adapter["routing"]

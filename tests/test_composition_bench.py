@@ -43,7 +43,7 @@ TOKEN = "composition-test-token"
 @pytest.fixture(scope="module")
 def adapter(wide_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, int], Path]:
     """The directory of a real adapter `capability` v`version`, made once per module."""
-    pytest.importorskip("peft")
+    import peft  # noqa: F401  (installed by make test: never skipped)
     root = tmp_path_factory.mktemp("adapters")
     made: dict[tuple[str, int], Path] = {}
 
@@ -69,7 +69,7 @@ def two_prompts(choose: Callable[[str], str | None]) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def backend(wide_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    pytest.importorskip("torch")
+    import torch  # noqa: F401  (installed by make test: never skipped)
     from router.backend import EmbeddedBackend
 
     embedded = EmbeddedBackend(str(wide_tiny_model), tmp_path_factory.mktemp("cache"), max_context_tokens=1024)

@@ -75,6 +75,7 @@ def test_each_real_gap_triggers_one_training_request_and_gets_a_checked_environm
         time.sleep(0.3)
     passes = daemon.status()["analysis"]["pass_id"]
     while daemon.status()["analysis"]["pass_id"] < passes + 2:
+        assert time.monotonic() < deadline + 30, "no two analysis passes after the gaps were found"
         time.sleep(0.2)
     requests = daemon.get("/api/training_requests")["items"]
     # One agent sent the traffic: each request is its own track of the capability (<capability>.<agent>).

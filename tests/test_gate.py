@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("peft")
+import torch
+import peft  # noqa: F401  (installed by make test: never skipped)
 
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from peft.tuners.lora import Linear as LoraLinear  # noqa: E402

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-openai = pytest.importorskip("openai")
-pytest.importorskip("peft")
+import openai
+import peft  # noqa: F401  (installed by make test: never skipped)
 
 from daemon.core.settings import StoreSettings  # noqa: E402
 from daemon.store.store import AnalysisStore, Store  # noqa: E402

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-pytest.importorskip("trl")
+import trl  # noqa: F401  (installed by make test: never skipped)
 
 from daemon.core.settings import StoreSettings  # noqa: E402
 from daemon.store.runs import RunStore  # noqa: E402

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-openai = pytest.importorskip("openai")
-pytest.importorskip("peft")
+import openai
+import peft  # noqa: F401  (installed by make test: never skipped)
 
 from daemon.core.settings import StoreSettings  # noqa: E402
 from daemon.store.store import Store  # noqa: E402

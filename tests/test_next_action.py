@@ -150,7 +150,7 @@ def plain(wide_tiny_model: Path) -> Any:
 @pytest.fixture(scope="module")
 def adapted(wide_tiny_model: Path) -> Any:
     """The same base with a LoRA adapter whose B matrices are seeded noise (a fresh one changes nothing)."""
-    pytest.importorskip("peft")
+    import peft  # noqa: F401  (installed by make test: never skipped)
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM

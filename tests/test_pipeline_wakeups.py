@@ -28,9 +28,18 @@ def test_a_stage_that_did_something_wakes_the_stages_after_it(tmp_path: Path) ->
 
         return daemon._job(name, run)
 
-    def runs(wait_s: float = 0.5) -> list[str]:
-        time.sleep(wait_s)
+    def runs(expected: int = 0, settle_s: float = 0.3) -> list[str]:
+        """The stages that ran since the last call: waits (up to 10 s) for `expected` of them, then
+        `settle_s` more for any that should not have run (a run that never comes can only be waited
+        for)."""
         names = []
+        deadline = time.monotonic() + 10
+        while len(names) < expected:
+            try:
+                names.append(ran.get(timeout=max(0.01, deadline - time.monotonic())))
+            except queue.Empty:
+                raise AssertionError(f"{expected} stage runs wanted, {names} came") from None
+        time.sleep(settle_s)
         while not ran.empty():
             names.append(ran.get())
         return sorted(names)
@@ -43,7 +52,7 @@ def test_a_stage_that_did_something_wakes_the_stages_after_it(tmp_path: Path) ->
         assert runs() == []
         daemon._job("validate", lambda: 7)()  # environment 7 validated: the next environment, and training
         # ... and training, which had a run to finish (3), hands on to itself and to promotion.
-        assert runs(1.0) == ["promote", "train", "train", "validate"]
+        assert runs(4) == ["promote", "train", "train", "validate"]
         daemon.wake("no such job")  # nothing to wake: no error
         daemon._draining.set()  # the daemon drains: nothing more is woken
         daemon._job("validate", lambda: 7)()

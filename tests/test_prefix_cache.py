@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("torch")
+import torch  # noqa: F401  (installed by make test: never skipped)
 
 from router import metrics  # noqa: E402
 from router.backend import EmbeddedBackend, Failed, Finished, Generation, Sampling  # noqa: E402

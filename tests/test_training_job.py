@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-pytest.importorskip("trl")
+import trl  # noqa: F401  (installed by make test: never skipped)
 
 from daemon.store.runs import RunStore  # noqa: E402
 from daemon.core.settings import ModelSettings, Settings, StoreSettings, TrainingSettings  # noqa: E402

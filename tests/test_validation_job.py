@@ -19,14 +19,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
+import torch  # noqa: F401  (installed by make test: never skipped)
+import transformers  # noqa: F401  (installed by make test: never skipped)
 
 from daemon.core.settings import CapabilitySettings, ModelSettings, Settings, StoreSettings, ValidationSettings  # noqa: E402
 from daemon.store.store import AnalysisStore, Store  # noqa: E402
 from daemon.pipeline.validator import Validator  # noqa: E402
 from examples.traffic import generate, send  # noqa: E402
-from tests.conftest import REPO, make_daemon  # noqa: E402
+from tests.conftest import REPO, make_daemon, wait_for  # noqa: E402
 from trainer.environment import Environment, load_tools  # noqa: E402
 from trainer.families import load_families  # noqa: E402
 
@@ -59,6 +59,14 @@ def _settings(store: Store, tiny_model: Path, **gate: object) -> Settings:
 
 def _environment(analysis: AnalysisStore, environment_id: int) -> dict:
     return next(item for item in analysis.environments() if item["environment_id"] == environment_id)
+
+
+def _has_loaded_torch(process: psutil.Process) -> bool:
+    """Whether the gate's process has mapped torch's library: it is past its start, into its work."""
+    try:
+        return any("libtorch" in mapped.path for mapped in process.memory_maps())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
 
 
 def _gate_processes() -> list[psutil.Process]:
@@ -139,7 +147,7 @@ def test_stopping_kills_a_running_validation_and_leaves_the_environment_checked(
     running = _gate_processes()
     assert running and _environment(analysis, environment_id)["status"] == "validating"
     assert validator.run_pass() is None and len(_gate_processes()) == 1  # one gate run at a time
-    time.sleep(1)  # well into importing torch or loading the model
+    wait_for(lambda: any(_has_loaded_torch(process) for process in running), timeout_s=60)  # well into the gate's work
     validator.stop()
     worker.join(15)
     assert not worker.is_alive() and results == [None]

