@@ -19,6 +19,7 @@ import streamlit as st  # noqa: E402
 
 from daemon.core.settings import ConfigError  # noqa: E402
 from daemon.app.client import ApiError  # noqa: E402
+from dashboard import identity  # noqa: E402
 from dashboard.page import PageContext, connect  # noqa: E402
 
 st.set_page_config(page_title="tracefix", page_icon=":material/healing:", layout="wide")
@@ -57,7 +58,16 @@ def sidebar() -> None:
         st.error(f"configuration: {error}")
         return
     st.caption(f"API {context.api.base_url}")
-    if not context.api.has_token:
+    acting_as = None
+    if context.api.has_token:
+        try:
+            acting_as = context.api.get("/api/whoami")["actor"]
+        except ApiError as error:
+            st.error("the daemon does not accept this token" if error.status == 401 else str(error), icon=":material/key_off:")
+    identity.render_sidebar(context.settings, acting_as)
+    if context.identity.needs:
+        st.caption(context.identity.needs)
+    elif not context.api.has_token:
         st.caption("no API token found: approvals are disabled ([api] token or <store dir>/api.token)")
     refresh = context.settings.dashboard.refresh_s
     st.caption(f"refreshes every {refresh:g} s" if refresh > 0 else "auto-refresh off ([dashboard] refresh_s = 0)")

@@ -11,30 +11,33 @@ from typing import Any
 import streamlit as st
 
 from daemon.app.client import ApiError, DaemonClient
-from daemon.core.auth import api_token
 from daemon.core.settings import ConfigError, Settings
 from dashboard.connection import START_ADVICE, api_url, load
+from dashboard.identity import Identity, identity
 
 
 @dataclass(frozen=True, slots=True)
 class PageContext:
-    """The settings the daemon runs with and a client of its API."""
+    """The settings the daemon runs with, a client of its API, and who acts through it."""
 
     settings: Settings
     api: DaemonClient
+    identity: Identity
 
 
 @st.cache_resource(show_spinner=False)
-def _client(base_url: str, token: str, timeout_s: float) -> DaemonClient:
-    # One HTTP connection pool per address and token, shared by every rerun and browser tab.
-    return DaemonClient(timeout_s=timeout_s, base_url=base_url, token=token, advice=START_ADVICE)
+def _client(base_url: str, token: str, timeout_s: float, actor: str | None) -> DaemonClient:
+    # One HTTP connection pool per address, token and person, shared by every rerun and browser tab.
+    return DaemonClient(timeout_s=timeout_s, base_url=base_url, token=token, advice=START_ADVICE, actor=actor)
 
 
 def connect() -> PageContext:
-    """Settings from the launch's --config (or $TRACEFIX_CONFIG); the token is re-read each run,
-    so a dashboard started before the daemon picks up the token the daemon creates."""
+    """Settings from the launch's --config (or $TRACEFIX_CONFIG) and who acts in this session
+    (``dashboard.identity``); the token is re-read each run, so a dashboard started before the
+    daemon picks up the token the daemon creates."""
     settings = load(sys.argv[1:])
-    return PageContext(settings, _client(api_url(settings), api_token(settings), settings.dashboard.timeout_s))
+    who = identity(settings)
+    return PageContext(settings, _client(api_url(settings), who.token, settings.dashboard.timeout_s, who.actor), who)
 
 
 def show(render: Callable[[PageContext], None]) -> None:

@@ -30,6 +30,7 @@ def create_api(daemon: Daemon) -> FastAPI:
     api.state.daemon = daemon
     api.state.api_token = api_token(daemon.settings, create=True)
     api.state.named_tokens = dict(daemon.settings.api.tokens)
+    api.state.delegates = frozenset(daemon.settings.api.delegates)
     for router in ROUTERS:
         api.include_router(router)
     return api

@@ -41,10 +41,11 @@ class DaemonClient:
 
     def __init__(
         self, settings: Settings | None = None, timeout_s: float = 10.0, *,
-        base_url: str = "", token: str | None = None, advice: str = START_ADVICE,
+        base_url: str = "", token: str | None = None, advice: str = START_ADVICE, actor: str | None = None,
     ) -> None:  # fmt: skip
         """The API at `base_url` with `token`; either, when not given, is the one `settings` names
-        ([api] address, API token). `advice` ends the message of an unreachable daemon."""
+        ([api] address, API token). `advice` ends the message of an unreachable daemon. `actor`: the
+        person a delegate token acts for (X-Tracefix-Actor)."""
         if base_url:
             self.base_url = base_url.rstrip("/")
         elif settings is not None:
@@ -56,6 +57,8 @@ class DaemonClient:
         self.has_token = bool(token)
         self.advice = advice
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if actor:
+            headers["X-Tracefix-Actor"] = actor
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
 
     def get(self, path: str, **params: Any) -> Any:

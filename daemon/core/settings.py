@@ -325,6 +325,19 @@ class ApiSettings(Section):
         description="More bearer tokens by person or system name ([api.tokens] alice = \"...\"); the audit log records the name.",
         examples=[{"alice": "a-long-random-secret"}],
     )
+    delegates: list[str] = Field(
+        default_factory=list,
+        description="Names of [api.tokens] entries that act for a person they name in the X-Tracefix-Actor header (the"
+        " dashboard with a login: [dashboard] login); the audit log records 'person (via name)'.",
+        examples=[["dashboard"]],
+    )
+
+    @model_validator(mode="after")
+    def _delegates_are_tokens(self) -> ApiSettings:
+        unknown = [name for name in self.delegates if name not in self.tokens]
+        if unknown:
+            raise ValueError(f"[api] delegates names no [api.tokens] entry: {', '.join(unknown)}")
+        return self
 
 
 class ModelSettings(Section):
@@ -664,6 +677,16 @@ class DashboardSettings(Section):
         "", description="Daemon API the dashboard calls; empty = http://<[api] host>:<[api] port> (loopback for 0.0.0.0)."
     )
     timeout_s: float = Field(10.0, gt=0, description="Timeout of one daemon API request from the dashboard.")
+    login: bool = Field(
+        False,
+        description="Who approves logs in with Streamlit's own login (OIDC, st.login: configure [auth] in"
+        " .streamlit/secrets.toml); the dashboard then acts for that person with the [api.tokens] entry `delegate`."
+        " Off: with [api.tokens], each person gives their own token before the first approval; without, the"
+        " dashboard on loopback acts as admin.",
+    )
+    delegate: str = Field(
+        "dashboard", min_length=1, description="With login: the [api.tokens] entry (listed in [api] delegates) the dashboard's calls carry."
+    )
 
 
 class CustomCapability(Section):
@@ -761,6 +784,22 @@ class Settings(Section):
     promotion: PromotionSettings = PromotionSettings()
     gate: GateTrainingSettings = GateTrainingSettings()
     dashboard: DashboardSettings = DashboardSettings()
+
+    @model_validator(mode="after")
+    def _someone_approves(self) -> Settings:
+        """A dashboard others can reach names who approves: by their login or their own token."""
+        dashboard, api = self.dashboard, self.api
+        if dashboard.login and dashboard.delegate not in api.delegates:
+            raise ValueError(
+                f"[dashboard] login acts with the [api.tokens] entry {dashboard.delegate!r}, which [api] delegates must list"
+            )
+        if not is_loopback(dashboard.host) and not dashboard.login and not api.tokens:
+            raise ValueError(
+                f"the dashboard binds to {dashboard.host}, beyond loopback, and would approve adapters as 'admin' for whoever"
+                " reaches it. Give each person a token ([api.tokens]: the dashboard asks for it), or set [dashboard] login"
+                " (Streamlit's OIDC login), or bind it to 127.0.0.1"
+            )
+        return self
 
     @property
     def data_dir(self) -> Path:

@@ -197,7 +197,9 @@ def render(context: PageContext) -> None:
     api = context.api
     st.title("Adapters")
     show_decision()
-    if not api.has_token:
+    if context.identity.needs:
+        st.warning(f"{context.identity.needs} (in the sidebar)", icon=":material/key_off:")
+    elif not api.has_token:
         st.warning(
             "No API token: approvals are disabled. Set [api] token in the config the dashboard runs with, or run it "
             "where it can read the daemon's <store dir>/api.token.",

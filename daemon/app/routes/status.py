@@ -7,10 +7,16 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from daemon.app.routes.dependencies import CurrentDaemon
+from daemon.app.routes.dependencies import Caller, CurrentDaemon
 from daemon.core import metrics
 
 router = APIRouter()
+
+
+@router.get("/api/whoami")
+def whoami(caller: Caller) -> dict[str, str]:
+    """The name the audit log records for this bearer token (and X-Tracefix-Actor): 401 for none."""
+    return {"actor": caller}
 
 
 @router.get("/api/status")
