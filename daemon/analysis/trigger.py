@@ -19,13 +19,11 @@ import orjson
 from daemon.core import metrics, tracks
 from daemon.analysis.capabilities import CapabilityRegistry
 from daemon.core.settings import AnalysisSettings, CapabilitySettings, TriggerSettings
-from daemon.store.store import COOLDOWN, GAP_DETECTED, HEALTHY, WATCHING, AnalysisStore, Store
+from daemon.store.store import (
+    CAPABILITY_STATES, COOLDOWN, GAP_DETECTED, HEALTHY, PIPELINE_STATES, WATCHING, AnalysisStore, Store,
+)  # fmt: skip
 
 log = logging.getLogger(__name__)
-
-# States owned by later stages; the trigger leaves a capability in them alone.
-PIPELINE_STATES = frozenset({GAP_DETECTED, "environment", "training", "evaluating", "candidate", "live"})
-STATES = (HEALTHY, WATCHING, GAP_DETECTED, "environment", "training", "evaluating", "candidate", "live", COOLDOWN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +90,7 @@ class Trigger:
             if transition:
                 transitions.append(transition)
         for capability, state in self.store.states().items():
-            for name in STATES:
+            for name in CAPABILITY_STATES:
                 metrics.CAPABILITY_STATE.labels(capability, name).set(1 if state["state"] == name else 0)
         return transitions
 

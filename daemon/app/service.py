@@ -25,9 +25,9 @@ from daemon.app.api import create_api
 from daemon.analysis.registry import build_registry
 from daemon.core.settings import Settings
 from daemon.core.sockets import bind
-from daemon.store.store import HEALTHY, AnalysisStore, Store
+from daemon.store.store import CAPABILITY_STATES, HEALTHY, AnalysisStore, Store
 from daemon.pipeline.synthesis import Synthesizer
-from daemon.analysis.trigger import STATES, Trigger
+from daemon.analysis.trigger import Trigger
 from daemon.promotion.lifecycle import Promotion
 from daemon.store.runs import RunStore
 from daemon.promotion.router_client import RouterAdmin
@@ -207,7 +207,7 @@ class Daemon:
         for capability in self.registry:
             own = by_capability.get(capability.name, [])
             # The furthest track along the pipeline speaks for the capability; each agent's is listed.
-            state = max(own, key=lambda track: (STATES.index(track["state"]) if track["state"] in STATES else 0), default={})
+            state = max(own, key=lambda track: (CAPABILITY_STATES.index(track["state"]) if track["state"] in CAPABILITY_STATES else 0), default={})
             windows = stats.get(capability.name, {})
             chosen = windows.get(selection, {})
             items.append(

@@ -15,7 +15,7 @@ from typing import Any
 from daemon.analysis.capabilities import CapabilityRegistry
 from daemon.core import tracks
 from daemon.core.settings import CapabilitySettings
-from daemon.store.store import AnalysisStore
+from daemon.store.store import ENVIRONMENT, AnalysisStore
 from trainer.checks import check
 from trainer.environment import Environment, load_tools
 from trainer.families import find_family, load_families
@@ -23,7 +23,6 @@ from trainer.result_shapes import learn
 
 log = logging.getLogger(__name__)
 
-ENVIRONMENT_STATE = "environment"
 MIN_RESULTS = 3  # stored results of a tool before its result shape is learned from them
 
 
@@ -92,7 +91,7 @@ class Synthesizer:
             )
             state = self.store.states().get(capability)
             if state is not None and report.passed and not self.store.transition(
-                    capability, state["state"], ENVIRONMENT_STATE,
+                    capability, state["state"], ENVIRONMENT,
                     f"environment {environment_id} ({environment.family.name} on {service}'s {len(definitions)} tools) checked "
                     f"on {self.seeds} seeds", state["consecutive"], state["last_pass_id"],
                 ):  # fmt: skip

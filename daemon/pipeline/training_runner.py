@@ -29,7 +29,7 @@ from daemon.core.settings import Settings
 from daemon.pipeline.generalist import CONVERSATIONS, GeneralistStage, Render
 from daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut, error_tail
 from daemon.store.runs import RunStore
-from daemon.store.store import HEALTHY, AnalysisStore
+from daemon.store.store import CANDIDATE, ENVIRONMENT, HEALTHY, TRAINING, AnalysisStore
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class TrainingRunner:
 
     def _train(self, run: dict[str, Any], body: dict[str, Any]) -> int | None:
         run_id = run["run_id"]
-        self._move(run["capability"], "training", f"training run {run_id} (adapter v{run['version']}) started")
+        self._move(run["capability"], TRAINING, f"training run {run_id} (adapter v{run['version']}) started")
         directory = Path(run["directory"])
         directory.mkdir(parents=True, exist_ok=True)
         request = directory / "request.json"
@@ -222,7 +222,7 @@ class TrainingRunner:
             adapter_id = self.runs.add_candidate(run, result["adapter"], digest, result)
             if adapter_id is None:
                 return None  # the run was taken back (stopped) while its result was being read
-            self._move(run["capability"], "candidate", f"adapter {adapter_id} (v{run['version']}) is a candidate: {_gain(evaluation)}")
+            self._move(run["capability"], CANDIDATE, f"adapter {adapter_id} (v{run['version']}) is a candidate: {_gain(evaluation)}")
         else:
             self.runs.set_run_status(run_id, "running", "rejected_by_eval", result)
             reason = f"run {run_id} rejected by evaluation: {'; '.join(evaluation['reasons'])}"
@@ -232,7 +232,7 @@ class TrainingRunner:
 
     def _fail(self, run: dict[str, Any], error: str) -> int:
         self.runs.set_run_status(run["run_id"], "running", "failed", error=error)
-        back = "environment" if run.get("kind") != "generalist" else HEALTHY
+        back = ENVIRONMENT if run.get("kind") != "generalist" else HEALTHY
         self._move(run["capability"], back, f"training run {run['run_id']} failed: {error.splitlines()[-1]}")
         log.warning("training run %d failed: %s", run["run_id"], error)
         return run["run_id"]

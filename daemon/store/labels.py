@@ -15,8 +15,15 @@ from daemon.core import tracks
 from daemon.core.semconv import EVALUATION_EVENT
 from daemon.store.sql import Tables, dicts, insert_rows
 
-# The trigger's states of a capability, as capability_states stores them.
+# The states of a capability's track, as capability_states stores them, in the order a gap moves
+# through them: the trigger's (healthy, watching, gap_detected, cooldown), then the pipeline's, which
+# follow its environment, its training run and its adapter. (A training run's statuses and an
+# adapter's states are machines of their own: daemon/store/runs.py, daemon/promotion/lifecycle.py.)
 HEALTHY, WATCHING, GAP_DETECTED, COOLDOWN = "healthy", "watching", "gap_detected", "cooldown"
+ENVIRONMENT, TRAINING, EVALUATING, CANDIDATE, LIVE = "environment", "training", "evaluating", "candidate", "live"
+CAPABILITY_STATES = (HEALTHY, WATCHING, GAP_DETECTED, ENVIRONMENT, TRAINING, EVALUATING, CANDIDATE, LIVE, COOLDOWN)
+# The states later stages own: the trigger leaves a track in them alone.
+PIPELINE_STATES = frozenset({GAP_DETECTED, ENVIRONMENT, TRAINING, EVALUATING, CANDIDATE, LIVE})
 
 # Capability state moves come from several daemon jobs (trigger, synthesis, validation, training,
 # promotion); they are serialised in process, since the daemon is DuckDB's only writer.

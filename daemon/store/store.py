@@ -18,7 +18,10 @@ import duckdb
 
 from daemon.core.settings import StoreSettings
 from daemon.store.environments import EnvironmentStore
-from daemon.store.labels import COOLDOWN, GAP_DETECTED, HEALTHY, WATCHING, LabelStore
+from daemon.store.labels import (  # noqa: F401  (the states, re-exported with the store)
+    CANDIDATE, CAPABILITY_STATES, COOLDOWN, ENVIRONMENT, EVALUATING, GAP_DETECTED, HEALTHY, LIVE, PIPELINE_STATES, TRAINING,
+    WATCHING, LabelStore,
+)
 from daemon.store.migrations import MIGRATIONS, Migration
 from daemon.store.sql import dicts
 from daemon.store.traces import LOG_SCHEMA, SPAN_SCHEMA, AppendResult, DerivedRows, SpanTables, TrajectoryStore
