@@ -247,7 +247,9 @@ class RoutingTable:
             if self.mode == "off":
                 return Lease(None, "off")
             if self.mode == "fixed":
-                return self._serve("fixed", self.fixed, unit) if self.fixed is not None else Lease(None, "fixed")
+                if self.fixed is None:
+                    return Lease(None, "fixed")
+                return self._serve("fixed", self._fixed_for(agent, instructions), unit, agent)
             if self.mode == GATE and self.gate is not None:
                 lease = self._hold(GATE, list(self.gate.adapters))
                 lease.adapter, lease.gate = GATE, self.gate
@@ -276,6 +278,17 @@ class RoutingTable:
     def _serving(self) -> list[str]:
         """Capabilities with a live or canary version, by name (table lock held)."""
         return sorted(set(self.current) | set(self.canaries))
+
+    def _fixed_for(self, agent: str | None, instructions: str | None) -> str:
+        """The capability fixed routing sends this request to (table lock held): the one it names;
+        where that is a bare capability served under no such name, the request's agent's track of
+        it (``tool_call_precision`` → ``tool_call_precision.<agent>``)."""
+        fixed = self.fixed or ""
+        if fixed in self.current or fixed in self.canaries or tracks.agent_of(fixed) is not None:
+            return fixed
+        owner = self._agent(agent, instructions)
+        track = tracks.name(fixed, owner) if owner else fixed
+        return track if track in self.current or track in self.canaries else fixed
 
     def _agent(self, agent: str | None, instructions: str | None = None) -> str | None:
         """The agent a request is served for: the one it names; where it names none, the agent whose
@@ -530,7 +543,11 @@ class RoutingTable:
             return None
         capability = adapter.partition("@")[0]
         with self._lock:
-            serving = {name for name in (self.current.get(capability), self.canaries.get(capability)) if name}
+            # A bare capability also names every agent's track of it (_fixed_for).
+            serving = {
+                name for served, name in (*self.current.items(), *self.canaries.items())
+                if served == capability or (tracks.agent_of(capability) is None and tracks.capability_of(served) == capability)
+            }  # fmt: skip
             known = ", ".join(sorted({*self.current.values(), *self.canaries.values()})) or "none"
         # A capability whose only version is a canary is a target too: its traffic splits between
         # the canary and the base model, as it does when fixed routing names it from the start.

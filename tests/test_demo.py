@@ -85,13 +85,14 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
     output = done.stderr
     assert done.returncode == 0, output[-3000:]
     generalist = "training run 1 (generalist.airline-support-agent v1): "
+    track = "tool_call_precision.airline-support-agent"  # the model-driven agent's own track (daemon.core.tracks)
     assert output.find(generalist + "running") < output.find(generalist + "rejected_by_eval") < output.find("training run 2"), output[-4000:]
     stages = [
         "capability selected: tool_call_precision", "environment 1 (tool_call_precision): checked",
-        "training run 2 (tool_call_precision v1): running", "model-driven traffic resumes",
-        "candidate ready: tool_call_precision@v1",
-        "tool_call_precision@v1: candidate → approved by admin", "tool_call_precision@v1: approved → canary by promotion",
-        "tool_call_precision@v1: canary → live by promotion",
+        f"training run 2 ({track} v1): running", "model-driven traffic resumes",
+        f"candidate ready: {track}@v1",
+        f"{track}@v1: candidate → approved by admin", f"{track}@v1: approved → canary by promotion",
+        f"{track}@v1: canary → live by promotion",
         "model-driven conversations since the adapter went live: done",
     ]  # fmt: skip
     positions = [output.find(stage) for stage in stages]
@@ -102,9 +103,9 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
     assert hold >= 0 and output.find("model-driven traffic resumes", hold) > positions[2], output[-4000:]
     before, _, after = output.rpartition("model-driven failure rate before the adapter: ")[2].partition("; after: ")
     assert before.split(" on ")[1].strip().isdigit() and int(after.split(" on ")[1].split()[0]) >= 3, output[-1000:]
-    assert "tool_call_precision lacking before the adapter: " in output, output[-1000:]
+    assert f"{track} lacking before the adapter: " in output, output[-1000:]
     # Conversations finished while the canary routed a share to the adapter count neither as before nor after.
-    assert output.find("tool_call_precision@v1 is in canary") < output.find("tool_call_precision@v1 is live"), output[-4000:]
+    assert output.find(f"{track}@v1 is in canary") < output.find(f"{track}@v1 is live"), output[-4000:]
 
     # The report holds the same run's numbers: the stages in order with their times, the gap as it
     # was selected, the candidate's evaluation, and before vs after on the panel's conversations.
@@ -114,13 +115,13 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
     # The clock starts with the command: the processes' start is on it, then the first gap.
     events = [event["event"] for event in report["timeline"]]
     assert events[0] == "started" and seconds[0] > 1 and events[1].startswith("selected:tool_call_precision")
-    assert report["live"] == "tool_call_precision" and report["capability"] == "tool_call_precision"
+    assert report["live"] == track and report["capability"] == track
     assert (report["settings"]["minutes"], report["settings"]["after"]) == (12, 3)  # how it was run, for bench/demo_loop.py
     assert report["selected"]["tool_call_precision"]["delta"] > 0
-    assert "target" in report["candidates"]["tool_call_precision@v1"]
+    assert "target" in report["candidates"][f"{track}@v1"]
     # The demo trains a warm start and then GRPO, and every run measures what GRPO added on the same seeds.
     assert report["settings"]["training"]["recipe"] == "sft+grpo" and report["settings"]["training"]["steps"] > 0
-    added = report["candidates"]["tool_call_precision@v1"]["grpo_added"]
+    added = report["candidates"][f"{track}@v1"]["grpo_added"]
     assert added["seeds"] == 2 and "GRPO added" in output[output.find("candidate ready") :].splitlines()[0]
     # Task success per period with intervals, and what the generalist would have learned from: nothing of the panel.
     assert report["panel"] == {"batches": 12, "goals": 48} and report["success"]["before"]["count"] == 0

@@ -277,11 +277,11 @@ def test_statistics_of_the_mapped_capability_count_the_evaluations(traffic: Traf
 def test_selected_mapped_capability_triggers_one_training_request(traffic: Traffic) -> None:
     def requested() -> list[dict[str, Any]]:
         items = traffic.daemon.get("/api/training_requests")["items"]
-        return [item for item in items if item["capability"] == "policy_adherence"]
+        return [item for item in items if item["capability"] == "policy_adherence.shop-agent"]  # the agent's own track
 
     assert len(wait_for(requested, timeout_s=30)) == 1
-    state = traffic.daemon.get("/api/capabilities/policy_adherence")["state"]
-    assert state not in ("healthy", "watching")
+    item = traffic.daemon.get("/api/capabilities/policy_adherence")
+    assert item["state"] not in ("healthy", "watching") and item["state_agent"] == "shop-agent"
 
 
 def test_dashboard_lists_the_lacking_runs_with_the_evaluators_reasons(traffic: Traffic) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 import trl  # noqa: F401  (installed by make test: never skipped)
 
+from daemon.core import tracks  # noqa: E402
 from daemon.core.settings import StoreSettings  # noqa: E402
 from daemon.store.runs import RunStore  # noqa: E402
 from daemon.store.store import Store  # noqa: E402
@@ -284,31 +285,37 @@ def test_an_environment_selected_before_the_generalist_went_live_waits_to_be_sel
         analysis, runs = AnalysisStore(store), RunStore(store)
         tools = [{key: value for key, value in tool.items() if key != "type"} for tool in TOOLS]
         environment = Environment(family, load_tools(tools), family.levels[0])
-        analysis.add_environment(family.capability, environment.spec(), AGENT, tools, None, "checked", {"passed": True})
+        # The agent's own track of the capability (daemon.core.tracks), as the trigger names it.
+        track = tracks.name(family.capability, AGENT)
+        analysis.add_environment(track, environment.spec(), AGENT, tools, None, "checked", {"passed": True})
         runner = TrainingRunner(analysis, runs, Settings(store=StoreSettings(path=tmp_path / "tracefix.duckdb")))
         assert runs.environment_to_train(False, True, runner._waits)["environment_id"] == 1  # no generalist: it trains
         # Carrying a goal through its steps comes first among ready environments, even when selected later.
         steps = load_families()["multi_step_completion"]
-        analysis.add_environment(steps.capability, Environment(steps, load_tools(tools), steps.levels[0]).spec(), AGENT, tools, None, "checked", {"passed": True})
-        assert runs.environment_to_train(False, True)["capability"] == "multi_step_completion"
-        store.query("DELETE FROM environments WHERE capability = 'multi_step_completion'")
+        steps_track = tracks.name(steps.capability, AGENT)
+        analysis.add_environment(steps_track, Environment(steps, load_tools(tools), steps.levels[0]).spec(), AGENT, tools, None, "checked", {"passed": True})
+        assert runs.environment_to_train(False, True)["capability"] == steps_track
+        store.query("DELETE FROM environments WHERE capability = ?", [steps_track])
         run = runs.create_generalist_run(GENERALIST, AGENT, {}, str(tmp_path / "runs"), [], [])
         runs.set_run_status(run["run_id"], "queued", "running")
         adapter_id = runs.add_candidate(run, "unused", "x", {"evaluation": {}})
         runs.transition(adapter_id, "live", "test", "test", "go_live", lambda state: None, {"routed_since_ns": time.time_ns()})
         # Selected on the base's traffic, before the generalist: it waits for the generalist's own.
         assert runs.environment_to_train(False, True, runner._waits) is None
-        store.query(
+        selected = (
             "INSERT INTO capability_stats (pass_id, computed_at, window_name, capability, n_success, n_failure, n_unknown, needed_success, "
-            "needed_failure, lacking_success, lacking_failure, runs, runs_selected, selected) VALUES (1, now(), 'all', ?, 5, 20, 0, 5, 20, 0, 20, 1, 1, true)",
-            [family.capability],
+            "needed_failure, lacking_success, lacking_failure, runs, runs_selected, selected, agent) "
+            "VALUES (1, now(), 'all', ?, 5, 20, 0, 5, 20, 0, 20, 1, 1, true, ?)"
         )
+        store.query(selected, [family.capability, "another-agent"])  # another agent's selection is not its own
+        assert runs.environment_to_train(False, True, runner._waits) is None
+        store.query(selected, [family.capability, AGENT])
         assert runs.environment_to_train(False, True, runner._waits)["environment_id"] == 1
         # Its canary's control arm, and so its reference, is the generalist that serves the agent without it.
         from daemon.promotion.lifecycle import Promotion
         from tests.lora_support import register_candidate
 
-        targeted = runs.adapter(register_candidate(store, family.capability, 1, "unused", 99, environment_id=1))
+        targeted = runs.adapter(register_candidate(store, track, 1, "unused", 99, environment_id=1))
         assert Promotion(store)._control_name(targeted) == f"{GENERALIST}@v1"
         # The run is told of the generalist's weights and its conversations: those it learned from are
         # rehearsed, those it was scored on must keep its next actions.

@@ -256,6 +256,17 @@ def test_a_request_naming_no_agent_is_recognised_by_its_system_instructions(
     assert candidates == [[hotel_billing]]
 
 
+def test_fixed_routing_on_a_capability_serves_each_agent_its_own_track(table: RoutingTable, adapter: Callable[[str, int], Path]) -> None:
+    track = tracks.name("billing", AGENT)
+    table.add(track, 1, adapter(track, 1), DESCRIPTIONS["billing"])
+    table.set_mode("fixed", "billing")  # a bare capability: every agent's track of it
+    assert route(table, PROMPTS[0], agent=AGENT).adapter == f"{track}@v1"
+    assert route(table, PROMPTS[0]).adapter == f"{track}@v1"  # one agent served: its track
+    assert route(table, PROMPTS[0], agent="hotel-agent").adapter is None  # no track of its own: the base model
+    with pytest.raises(routing.RoutingError, match="not a live or canary adapter"):
+        table.set_mode("fixed", "shipping")
+
+
 def test_a_held_conversation_holds_the_generalist_and_its_canary_arm(
     table: RoutingTable, load: Callable[..., None], backend: EmbeddedBackend
 ) -> None:

@@ -20,7 +20,7 @@ from daemon.store.runs import RunStore  # noqa: E402
 from daemon.core.settings import ModelSettings, Settings, StoreSettings, TrainingSettings  # noqa: E402
 from daemon.store.store import AnalysisStore, Store  # noqa: E402
 from daemon.pipeline.training_runner import TrainingRunner  # noqa: E402
-from examples.traffic import generate, send  # noqa: E402
+from examples.traffic import SERVICE_NAME, generate, send  # noqa: E402
 from tests.conftest import REPO, make_daemon  # noqa: E402
 from trainer.adapters import base_model_hash, verify_adapter  # noqa: E402
 from trainer.environment import Environment, load_tools  # noqa: E402
@@ -92,9 +92,11 @@ def test_a_planted_gap_ends_as_a_verified_candidate_adapter_with_no_manual_step(
     # Trained where [training] device = "auto" found room: here the CPU, under the address-space limit.
     assert (run["result"]["device"], run["result"]["memory_limit_mb"]) == ("cpu", TrainingSettings().memory_mb)
     # One adapter row, version 1, whose files verify against the base model they were trained on.
-    assert [(item["capability"], item["version"], item["state"]) for item in adapters] == [("precondition_verification", 1, "candidate")]
+    # The agent's own track of the capability (daemon.core.tracks): its adapter serves that agent.
+    track = f"precondition_verification.{SERVICE_NAME}"
+    assert [(item["capability"], item["version"], item["state"]) for item in adapters] == [(track, 1, "candidate")]
     manifest = verify_adapter(Path(adapters[0]["path"]), base_model_hash(tiny_model))
-    assert manifest["capability"] == "precondition_verification" and manifest["environment"]["family"] == "precondition_verification"
+    assert manifest["capability"] == track and manifest["environment"]["family"] == "precondition_verification"
     assert manifest["recipe"] == "sft+grpo"
     assert capability["state"] == "candidate"
     assert [t["to_state"] for t in capability["transitions"][:3]] == ["candidate", "training", "environment"]

@@ -25,7 +25,7 @@ import transformers  # noqa: F401  (installed by make test: never skipped)
 from daemon.core.settings import CapabilitySettings, ModelSettings, Settings, StoreSettings, ValidationSettings  # noqa: E402
 from daemon.store.store import AnalysisStore, Store  # noqa: E402
 from daemon.pipeline.validator import Validator  # noqa: E402
-from examples.traffic import generate, send  # noqa: E402
+from examples.traffic import SERVICE_NAME, generate, send  # noqa: E402
 from tests.conftest import REPO, make_daemon, wait_for  # noqa: E402
 from trainer.environment import Environment, load_tools  # noqa: E402
 from trainer.families import load_families  # noqa: E402
@@ -94,7 +94,7 @@ def test_the_daemon_rejects_a_random_base_model_on_a_planted_gap_with_the_report
             time.sleep(0.5)
     finally:
         daemon.stop()
-    assert [item["capability"] for item in environments] == ["precondition_verification"], environments
+    assert [item["capability"] for item in environments] == [f"precondition_verification.{SERVICE_NAME}"], environments
     environment = environments[0]
     report = environment["validation"]
     assert environment["status"] == "rejected", report

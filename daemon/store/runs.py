@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from daemon.core import tracks
 from daemon.core.generalist import PREFIX as GENERALIST_PREFIX
 from daemon.store.sql import Tables
 
@@ -49,7 +50,7 @@ class RunStore(Tables):
                 "SELECT e.* FROM environments e WHERE NOT EXISTS "
                 "(SELECT 1 FROM training_runs r WHERE r.environment_id = e.environment_id) "
                 "AND (e.status = 'validated' OR (e.status = 'checked' AND NOT ?) OR (e.status = 'rejected' AND ?)) "
-                "ORDER BY list_contains(?::VARCHAR[], e.capability) DESC, e.environment_id",
+                "ORDER BY list_contains(?::VARCHAR[], split_part(e.capability, '.', 1)) DESC, e.environment_id",
                 [validation_enabled, warm_start, list(FIRST)],
             )
         )
@@ -211,15 +212,22 @@ class RunStore(Tables):
                  orjson.dumps(result["evaluation"]).decode()],
             ).fetchall()[0][0]  # fmt: skip
 
-    def replay_cases(self, capability: str, limit: int = 20) -> list[dict[str, Any]]:
+    def replay_cases(self, track: str, limit: int = 20) -> list[dict[str, Any]]:
         """The openings (first system and user message) of failed trajectories labelled LACKING for
-        the capability: what the evaluation replays against base and adapter."""
+        the track's capability, of its agent (``daemon.core.tracks``; any agent's for a bare
+        capability): what the evaluation replays against base and adapter."""
+        agent = tracks.agent_of(track)
+        services = [
+            row["service_name"] for row in self.store.query("SELECT DISTINCT service_name FROM trajectories")
+            if agent is None or tracks.safe(row["service_name"]) == agent
+        ]  # fmt: skip
         ids = [
             row["trajectory_id"]
             for row in self.store.query(
                 "SELECT DISTINCT l.trajectory_id FROM labels l JOIN trajectory_outcomes o USING (trajectory_id) "
-                "WHERE l.capability = ? AND l.label = 'LACKING' AND o.outcome = 'failure' ORDER BY l.trajectory_id LIMIT ?",
-                [capability, limit],
+                "JOIN trajectories t USING (trajectory_id) WHERE l.capability = ? AND l.label = 'LACKING' "
+                "AND o.outcome = 'failure' AND list_contains(?, t.service_name) ORDER BY l.trajectory_id LIMIT ?",
+                [tracks.capability_of(track), services, limit],
             )
         ]
         if not ids:
