@@ -43,6 +43,7 @@ from bench.demo_loop import goal_steps_table  # noqa: E402
 from bench.imitation_baseline import Router, load_adapter, open_demo, run_panel, targeted_adapters  # noqa: E402
 from daemon.app.demo import MODEL_DRIVEN, PANEL_BATCH, PANEL_BATCHES, Tally  # noqa: E402
 from daemon.core import generalist as generalists  # noqa: E402
+from daemon.core import tracks  # noqa: E402
 from daemon.core.settings import Settings  # noqa: E402
 from daemon.promotion.lifecycle import served_name  # noqa: E402
 from daemon.promotion.router_client import RouterAdmin  # noqa: E402
@@ -160,7 +161,8 @@ def serve(admin: RouterAdmin, arm: str, generalist: dict[str, Any] | None, targe
         return load_adapter(admin, generalist)  # type: ignore[arg-type]  # the arm exists only with one
     if arm.startswith(f"{SINGLE}:"):
         capability = arm.partition(":")[2]
-        return load_adapter(admin, next(adapter for adapter in targeted if adapter["capability"] == capability))
+        # `single:tool_call_precision` names the capability, or one agent's track of it.
+        return load_adapter(admin, next(adapter for adapter in targeted if capability in (adapter["capability"], tracks.capability_of(adapter["capability"]))))
     if arm == MERGE:
         assert merge is not None
         admin.load(merge["name"], MERGED_CAPABILITY, 1, merge["path"], f"linear merge of {', '.join(merge['inputs'])}")
