@@ -50,6 +50,10 @@ class RunningDaemon:
     def __post_init__(self) -> None:
         self.log_path = self.directory / "daemon.log"
         self.config_path = self.directory / "tracefix.toml"
+        self.write_config()
+
+    def write_config(self) -> None:
+        """Write `sections` as the config file (again, after a test changed them for a restart)."""
         lines = []
         for section, values in self.sections.items():
             lines.append(f"[{section}]")

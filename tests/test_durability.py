@@ -3,12 +3,14 @@ that was acknowledged, and a restart reopens the same database and keeps accepti
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import REPO, make_daemon
 
 from otlp_builders import JSON, json_bytes, post, simple_json_trace, span_count
@@ -132,3 +134,41 @@ def test_second_daemon_on_the_same_database_exits_with_a_message_instead_of_a_tr
         assert first.status()["healthy"] is True
     finally:
         first.stop()
+
+
+@pytest.mark.slow  # needs root: it mounts a tmpfs of its own (run by hand with -m slow)
+def test_a_full_disk_refuses_exports_retryably_loses_nothing_acknowledged_and_recovers(tmp_path: Path) -> None:
+    """The store on a 16 MB tmpfs, filled up by a file beside it: exports get 503 with Retry-After
+    (OTLP exporters retry it) while nothing fits, every acknowledged span is stored, and ingest
+    takes traffic again once the file is removed, without a restart."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(disk)], capture_output=True, text=True)
+    assert mounted.returncode == 0, f"mounting a tmpfs needs root: {mounted.stderr}"
+    try:
+        daemon = make_daemon(tmp_path, store={"path": str(disk / "tracefix.duckdb")}, writer={"max_wait_ms": 2}).start()
+        filler = disk / "filler"
+        filler.write_bytes(b"\0" * (shutil.disk_usage(disk).free - 3 * 2**20))  # about 3 MB left
+        acknowledged, refused = [], []
+        try:
+            while len(refused) < 3 and len(acknowledged) < 2000:
+                trace_id, _, document = simple_json_trace(20, service_name="filling")
+                for span in document["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+                    span["attributes"].append({"key": "payload", "value": {"stringValue": "x" * 2000}})
+                answer = post(f"{daemon.http_url}/v1/traces", json_bytes(document), JSON)
+                (acknowledged if answer.status_code == 200 else refused).append((trace_id, answer))
+            assert refused, "the disk never filled up"
+            for _, answer in refused:
+                assert answer.status_code == 503 and answer.headers["retry-after"] == "1", answer.text
+                assert "No space left on device" in answer.json()["message"]
+            filler.unlink()
+            trace_id, _, document = simple_json_trace(3, service_name="after-space-returned")
+            assert post(f"{daemon.http_url}/v1/traces", json_bytes(document), JSON).status_code == 200
+            daemon.wait_assembled(timeout_s=60)
+        finally:
+            daemon.stop()
+        stored = dict(daemon.query("SELECT trace_id, count(*) FROM spans GROUP BY trace_id"))
+        assert all(stored.get(trace_id) == 20 for trace_id, _ in acknowledged), "an acknowledged trace was lost"
+        assert stored.get(trace_id) == 3
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
