@@ -62,14 +62,20 @@ class RouterProcess:
             self.process.wait(30)
 
 
-@pytest.fixture
-def stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, RouterProcess, list[Path]]]:
-    # Two trained versions of one capability, registered as candidates before the daemon starts.
+def two_candidates(tmp_path: Path, tiny_model: Path) -> list[Path]:
+    """Two trained versions of one capability, registered as candidates in the store at `tmp_path`
+    (before its daemon starts); their directories."""
     paths = [make_adapter(tiny_model, tmp_path / "adapters" / f"v{version}", CAPABILITY, version, version) for version in (1, 2)]
     store = Store(StoreSettings(path=tmp_path / "tracefix.duckdb"))
     for version, path in enumerate(paths, start=1):
         register_candidate(store, CAPABILITY, version, path, version)
     store.close()
+    return paths
+
+
+@pytest.fixture
+def stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaemon, RouterProcess, list[Path]]]:
+    paths = two_candidates(tmp_path, tiny_model)
     daemon = make_daemon(
         tmp_path,
         analysis={"interval_s": 0.5},

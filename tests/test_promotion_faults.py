@@ -15,19 +15,12 @@ import httpx
 import psutil
 import pytest
 
-from daemon.core.settings import StoreSettings
-from daemon.store.store import Store
 from tests.conftest import RunningDaemon, free_port, make_daemon, wait_for
-from tests.lora_support import make_adapter, register_candidate
-from tests.test_going_live import CAPABILITY, RouterProcess, _post, _state
+from tests.test_going_live import CAPABILITY, RouterProcess, _post, _state, two_candidates
 
 
 def _stack(tmp_path: Path, tiny_model: Path, canary: bool) -> tuple[RunningDaemon, RouterProcess]:
-    paths = [make_adapter(tiny_model, tmp_path / "adapters" / f"v{version}", CAPABILITY, version, version) for version in (1, 2)]
-    store = Store(StoreSettings(path=tmp_path / "tracefix.duckdb"))
-    for version, path in enumerate(paths, start=1):
-        register_candidate(store, CAPABILITY, version, path, version)
-    store.close()
+    two_candidates(tmp_path, tiny_model)
     daemon = make_daemon(
         tmp_path,
         model={"name": str(tiny_model), "max_new_tokens": 8, "threads": 1},
