@@ -243,3 +243,26 @@ def test_the_base_model_hash_follows_the_files_not_the_path(base_dir: Path, tmp_
     (moved / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="safetensors"):
         adapters.base_model_hash(moved)
+
+
+@pytest.mark.slow  # needs root: it mounts a tmpfs of its own (run by hand with -m slow)
+def test_an_adapter_saved_onto_a_full_disk_fails_with_the_reason_and_leaves_nothing(tmp_path: Path, tiny_model: Path) -> None:
+    """A training run's last step on a full disk: saving raises the file system's reason, and no
+    half-written adapter (nor its staging directory) is left for the router or a rerun to find."""
+    import subprocess
+
+    from tests.lora_support import make_adapter
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True, text=True)
+    assert mounted.returncode == 0, f"mounting a tmpfs needs root: {mounted.stderr}"
+    try:
+        (disk / "filler").write_bytes(b"\0" * (shutil.disk_usage(disk).free - 16 * 1024))  # 16 KB left
+        with pytest.raises(Exception, match="No space left on device"):  # OSError, or safetensors' error naming it
+            make_adapter(tiny_model, disk / "runs" / "v1", "error_recovery", 1, 1)
+        assert [path.name for path in (disk / "runs").iterdir()] == []  # neither the adapter nor its staging
+        (disk / "filler").unlink()
+        assert (make_adapter(tiny_model, disk / "runs" / "v1", "error_recovery", 1, 1) / "manifest.json").is_file()  # space again: it saves
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
