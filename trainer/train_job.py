@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from daemon.core import tracks
+from daemon.core.contracts import training_request
 from daemon.core.settings import TrainingSettings
 from trainer.adapters import AdapterRejected, base_model_hash, save_adapter, verify_adapter
 from trainer.environment import Environment
@@ -40,9 +41,15 @@ from trainer.replay import replay
 from trainer.rollouts import Sampling
 from trainer.jobs import RequestError, exit_with_parent, limit_memory, read_request, run_job, write_atomically
 
-REQUIRED = ("run_id", "capability", "version", "family", "difficulty", "tools", "model", "training", "evaluation")
-# A generalist's request (``"kind": "generalist"``): the conversations file instead of an environment.
-REQUIRED_GENERALIST = ("run_id", "capability", "version", "agent", "model", "training", "conversations")
+
+
+def parsed(request: dict[str, Any]) -> dict[str, Any]:
+    """The request as the contract types it (``daemon.core.contracts``): every field present and of
+    its type, defaults filled in; a `RequestError` naming each wrong field."""
+    try:
+        return training_request(request).model_dump(mode="json")
+    except ValueError as error:
+        raise RequestError(str(error)) from None
 
 
 def finished_result(request: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
@@ -94,6 +101,7 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
     """Train, evaluate and (when it earns it) save the adapter; returns the result record."""
     from trainer import model as models
 
+    request = parsed(request)
     started = time.monotonic()
     families = load_families()
     environment = build_environment(request, families)
@@ -203,9 +211,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
 
     def body() -> None:
-        request = read_request(arguments.request, ())
-        generalist = request.get("kind") == "generalist"
-        request = read_request(arguments.request, REQUIRED_GENERALIST if generalist else REQUIRED)
+        request = parsed(read_request(arguments.request, ()))
+        generalist = request["kind"] == "generalist"
         # The device first: on a GPU no address-space limit can be set (limit_memory).
         memory_limit_mb = limit_memory(request.get("memory_mb"), training_device(training_settings(request).device))
         exit_with_parent()

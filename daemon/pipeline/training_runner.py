@@ -29,6 +29,7 @@ from daemon.core.settings import Settings
 from daemon.pipeline.generalist import CONVERSATIONS, GeneralistStage, Render
 from daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut, error_tail
 from daemon.store.runs import RunStore
+from daemon.core.contracts import GeneralistRequest, TargetedRequest
 from daemon.store.store import CANDIDATE, ENVIRONMENT, HEALTHY, TRAINING, AnalysisStore
 
 log = logging.getLogger(__name__)
@@ -127,33 +128,22 @@ class TrainingRunner:
         return config
 
     def _generalist_request(self, run: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "kind": "generalist",
-            "run_id": run["run_id"],
-            "capability": run["capability"],
-            "version": run["version"],
-            "agent": run["agent"],
-            "training": run["config"],
-            "conversations": str(Path(run["directory"]) / CONVERSATIONS),
-            "margin": self.settings.generalist.margin,
+        return GeneralistRequest(
+            kind="generalist", run_id=run["run_id"], capability=run["capability"], version=run["version"], agent=run["agent"],
+            training=run["config"], conversations=str(Path(run["directory"]) / CONVERSATIONS), margin=self.settings.generalist.margin,
             **job_settings(self.settings),
-        }
+        ).model_dump(mode="json")  # fmt: skip
 
     def _request(self, run: dict[str, Any], environment: dict[str, Any]) -> dict[str, Any]:
         validation = environment.get("validation") or {}
         validated = environment["status"] == "validated"
-        return {
-            "starts_from": self._starts_from(run["starts_from"]) if run.get("starts_from") is not None else None,
-            "run_id": run["run_id"],
-            "capability": run["capability"],
-            "version": run["version"],
-            "family": environment["family"],
-            "difficulty": validation.get("difficulty", environment["difficulty"]) if validated else environment["difficulty"],
-            "tools": environment["tools"],
-            "training": run["config"],
-            "replay": self.runs.replay_cases(run["capability"]),
+        return TargetedRequest(
+            starts_from=self._starts_from(run["starts_from"]) if run.get("starts_from") is not None else None,
+            run_id=run["run_id"], capability=run["capability"], version=run["version"], family=environment["family"],
+            difficulty=validation.get("difficulty", environment["difficulty"]) if validated else environment["difficulty"],
+            tools=environment["tools"], training=run["config"], replay=self.runs.replay_cases(run["capability"]),
             **job_settings(self.settings),
-        }
+        ).model_dump(mode="json")  # fmt: skip
 
     def _starts_from(self, adapter_id: int) -> dict[str, Any] | None:
         """What a targeted run starting from the generalist `adapter_id` is told of it: its weights, and
