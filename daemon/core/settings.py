@@ -307,7 +307,10 @@ class TriggerSettings(Section):
 class RetentionSettings(Section):
     """How long raw spans and log records are kept."""
 
-    span_days: float = Field(30, gt=0, description="Spans and log records older than this are deleted; labels and statistics stay.")
+    span_days: float = Field(
+        30, gt=0,
+        description="Spans and log records older than this are deleted; labels, statistics and the evaluations labels are read from stay.",
+    )  # fmt: skip
     interval_s: float = Field(3600, gt=0, description="How often the retention job runs.")
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from daemon.core.semconv import EVALUATION_EVENT
 from daemon.store.sql import Tables, dicts, insert_rows
 
 SPAN_SCHEMA = pa.schema(
@@ -342,8 +343,16 @@ class TrajectoryStore(Tables):
         return [row[0] for row in rows]
 
     def delete_spans_before(self, cutoff_ns: int) -> tuple[int, int]:
-        """Retention: drop spans and logs that ended before the cutoff; derived tables and labels stay."""
+        """Retention: drop spans and logs that ended before the cutoff; derived tables and labels stay.
+
+        Spans and log records that carry a gen_ai.evaluation.result stay too: they are what the
+        labels of [[capabilities.evaluations]] are read from, so a relabel after the cutoff (a new
+        labeler version, a changed mapping) finds the same evaluations. They are few."""
         with self.store.transaction() as tx:
-            spans = tx.execute("DELETE FROM spans WHERE end_time_unix_nano < ?", [cutoff_ns]).fetchall()[0][0]
-            logs = tx.execute("DELETE FROM logs WHERE time_unix_nano < ?", [cutoff_ns]).fetchall()[0][0]
+            spans = tx.execute(
+                "DELETE FROM spans WHERE end_time_unix_nano < ? AND NOT coalesce(contains(events, ?), false)", [cutoff_ns, EVALUATION_EVENT]
+            ).fetchall()[0][0]
+            logs = tx.execute(
+                "DELETE FROM logs WHERE time_unix_nano < ? AND coalesce(event_name, '') <> ?", [cutoff_ns, EVALUATION_EVENT]
+            ).fetchall()[0][0]
         return spans, logs
