@@ -21,6 +21,9 @@ from daemon.core import metrics
 from daemon.core.semconv import EVALUATION_EVENT, decoded, event_attributes
 from daemon.core.settings import AssemblerSettings, OutcomeSettings
 from daemon.store.store import DerivedRows, Store
+from daemon.store.traces import (
+    MessageRow, OutcomeRow, ToolCallRow, ToolDefinitionRow, TraceMapRow, TrajectoryRow, TrajectoryToolRow,
+)  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +244,8 @@ class Assembler:
             )
             if trajectory:
                 logs_by_trajectory.setdefault(trajectory, []).append(record)
-        rows = DerivedRows(list(groups), sorted(trajectory_of_trace.items()), [], [], [], [], [], [])
+        trace_map = [TraceMapRow(trace_id, trajectory_id) for trace_id, trajectory_id in sorted(trajectory_of_trace.items())]
+        rows = DerivedRows(list(groups), trace_map, [], [], [], [], [], [])
         now = datetime.now(timezone.utc)
         definitions: dict[tuple[str, str], tuple] = {}
         for trajectory_id, trajectory_spans in spans_by_trajectory.items():
@@ -332,50 +336,33 @@ class Assembler:
             message = entry.message
             calls = [{"id": call.id, "name": call.name, "arguments": call.arguments} for call in message.tool_calls]
             rows.messages.append(
-                (
-                    trajectory_id,
-                    position,
-                    message.role,
-                    message.content,
-                    orjson.dumps(calls).decode(),
-                    message.tool_call_id,
-                    message.name,
-                    entry.trace_id,
-                    entry.span_id,
-                    batch,
+                MessageRow(
+                    trajectory_id, position, message.role, message.content, orjson.dumps(calls).decode(), message.tool_call_id,
+                    message.name, entry.trace_id, entry.span_id, batch,
                 )
-            )
+            )  # fmt: skip
 
         tool_calls = self._tool_calls(trajectory_id, transcript, executions, batch)
         rows.tool_calls.extend(tool_calls)
         for name, (description, parameters) in sorted(tools.items()):
-            rows.trajectory_tools.append((trajectory_id, name, description, parameters, batch))
-            definitions[(service_name, name)] = (service_name, name, description, parameters)
+            rows.trajectory_tools.append(TrajectoryToolRow(trajectory_id, name, description, parameters, batch))
+            definitions[(service_name, name)] = ToolDefinitionRow(service_name, name, description, parameters)
 
         rows.outcomes.extend(self._outcomes(trajectory_id, views, logs, now))
         n_llm = sum(1 for _, view, _, _ in views if view.operation == "chat")
         dialects = sorted({view.dialect for _, view, _, _ in views if view.dialect != "none"})
         conversation = next((span["conversation_id"] for span in spans if span["conversation_id"]), None)
         rows.trajectories.append(
-            (
-                trajectory_id,
-                conversation,
-                service_name,
-                agent_name,
-                sorted(trace_ids),
-                first_root["name"] if roots else None,
-                min(span["start_time_unix_nano"] for span in spans),
-                max(span["end_time_unix_nano"] for span in spans),
-                len(spans),
-                n_llm,
-                len(tool_calls),
-                sum(1 for call in tool_calls if call[6]),
-                dialects,
-                sorted(tools),
-                batch,
-                now,
+            TrajectoryRow(
+                trajectory_id=trajectory_id, conversation_id=conversation, service_name=service_name, agent_name=agent_name,
+                trace_ids=sorted(trace_ids), root_name=first_root["name"] if roots else None,
+                start_time_unix_nano=min(span["start_time_unix_nano"] for span in spans),
+                end_time_unix_nano=max(span["end_time_unix_nano"] for span in spans),
+                n_spans=len(spans), n_llm_calls=n_llm, n_tool_calls=len(tool_calls),
+                n_tool_errors=sum(1 for call in tool_calls if call.error), dialects=dialects, tool_names=sorted(tools),
+                updated_batch=batch, updated_at=now,
             )
-        )
+        )  # fmt: skip
 
     def _tool_calls(
         self,
@@ -383,7 +370,7 @@ class Assembler:
         transcript: list[_Entry],
         executions: list[tuple[dict[str, Any], ToolExecution]],
         batch: int,
-    ) -> list[tuple]:
+    ) -> list[ToolCallRow]:
         """Executed tools (tool spans) first-class; requested calls without a span fill the gaps."""
         results = {
             entry.message.tool_call_id: entry.message.content
@@ -395,7 +382,7 @@ class Assembler:
             for position, entry in enumerate(transcript)
             for call in entry.message.tool_calls
         ]
-        rows: list[tuple] = []
+        rows: list[ToolCallRow] = []  # positions are set once they are in order
         matched: set[int] = set()
         for span, execution in executions:
             message_position = None
@@ -414,39 +401,23 @@ class Assembler:
             if result is None and execution.call_id:
                 result = results.get(execution.call_id)
             rows.append(
-                (
-                    execution.name,
-                    execution.call_id,
-                    execution.arguments,
-                    result,
-                    execution.error,
-                    "tool_span",
-                    message_position,
-                    span["trace_id"],
-                    span["span_id"],
-                    span["start_time_unix_nano"],
+                ToolCallRow(
+                    trajectory_id, 0, execution.name, execution.call_id, execution.arguments, result, execution.error, "tool_span",
+                    message_position, span["trace_id"], span["span_id"], span["start_time_unix_nano"], batch,
                 )
-            )
+            )  # fmt: skip
         for index, (position, call, entry) in enumerate(requested):
             if index in matched:
                 continue
             rows.append(
-                (
-                    call.name,
-                    call.id,
-                    call.arguments,
-                    results.get(call.id) if call.id else None,
-                    None,
-                    "message",
-                    position,
-                    entry.trace_id,
-                    entry.span_id,
-                    0,
+                ToolCallRow(
+                    trajectory_id, 0, call.name, call.id, call.arguments, results.get(call.id) if call.id else None, None, "message",
+                    position, entry.trace_id, entry.span_id, 0, batch,
                 )
-            )
+            )  # fmt: skip
         # Order by when the call happened: the message that asked for it, else the span's start.
-        rows.sort(key=lambda row: (row[6] if row[6] is not None else 1 << 30, row[9]))
-        return [(trajectory_id, position, *row, batch) for position, row in enumerate(rows)]
+        rows.sort(key=lambda row: (row.message_position if row.message_position is not None else 1 << 30, row.start_time_unix_nano))
+        return [row._replace(position=position) for position, row in enumerate(rows)]
 
     def _outcomes(
         self,
@@ -454,8 +425,8 @@ class Assembler:
         views: list[tuple[dict[str, Any], SpanView, dict[str, Any], list[dict[str, Any]]]],
         logs: list[dict[str, Any]],
         now: datetime,
-    ) -> list[tuple]:
-        outcomes: list[tuple] = []
+    ) -> list[OutcomeRow]:
+        outcomes: list[OutcomeRow] = []
         for record in logs:
             if record["event_name"] != EVALUATION_EVENT:
                 continue
@@ -463,7 +434,7 @@ class Assembler:
             if decided:
                 outcome, reward, detail = decided
                 outcomes.append(
-                    (trajectory_id, "evaluation", outcome, reward, detail, record["log_id"], record["time_unix_nano"], now)
+                    OutcomeRow(trajectory_id, "evaluation", outcome, reward, detail, record["log_id"], record["time_unix_nano"], now)
                 )
         for span, _, attributes, events in views:
             for index, event in enumerate(events):
@@ -474,12 +445,12 @@ class Assembler:
                     outcome, reward, detail = decided
                     evidence = f"{span['span_id']}#{index}"
                     observed = event.get("time_unix_nano") or span["end_time_unix_nano"]
-                    outcomes.append((trajectory_id, "evaluation", outcome, reward, detail, evidence, observed, now))
+                    outcomes.append(OutcomeRow(trajectory_id, "evaluation", outcome, reward, detail, evidence, observed, now))
             if not span["parent_span_id"]:
                 decided = self.rules.root_attributes(attributes)
                 if decided:
                     outcome, reward, detail = decided
                     outcomes.append(
-                        (trajectory_id, "attribute", outcome, reward, detail, span["span_id"], span["end_time_unix_nano"], now)
+                        OutcomeRow(trajectory_id, "attribute", outcome, reward, detail, span["span_id"], span["end_time_unix_nano"], now)
                     )
         return outcomes

@@ -3,6 +3,7 @@ Store's connection, and the two helpers most of them need (rows as dicts, bulk i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -24,12 +25,16 @@ def dicts(cursor: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:
     return [dict(zip(names, row)) for row in cursor.fetchall()]
 
 
-def insert_rows(tx: duckdb.DuckDBPyConnection, table: str, rows: list[tuple]) -> None:
+def insert_rows(tx: duckdb.DuckDBPyConnection, table: str, rows: Sequence[tuple]) -> None:
+    """Insert `rows` in one statement. Rows of a NamedTuple name their columns (its fields, by the
+    table's column names); plain tuples fill every column in the table's order."""
     if not rows:
         return
+    fields = getattr(rows[0], "_fields", None)
+    names = list(fields) if fields else [column[0] for column in tx.execute(f"SELECT * FROM {table} LIMIT 0").description]
     # Bulk path: one Arrow table per insert instead of a statement per row.
-    names = [column[0] for column in tx.execute(f"SELECT * FROM {table} LIMIT 0").description]
-    incoming = pa.table({name: list(values) for name, values in zip(names, zip(*rows))})
+    incoming = pa.table({name: list(values) for name, values in zip(names, zip(*rows), strict=True)})
+    columns = ", ".join(names)
     tx.register("incoming_rows", incoming)
-    tx.execute(f"INSERT INTO {table} SELECT * FROM incoming_rows")
+    tx.execute(f"INSERT INTO {table} ({columns}) SELECT {columns} FROM incoming_rows")
     tx.unregister("incoming_rows")

@@ -4,7 +4,8 @@ trajectories read back (listing, detail, feedback, sampling), with the retention
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
@@ -63,18 +64,103 @@ class AppendResult:
     logs_inserted: int
 
 
+# The rows the assembler derives, one type per table, each field named after its column: inserts
+# name the columns (sql.insert_rows), so a row never depends on the order a migration made them in.
+
+
+class TrajectoryRow(NamedTuple):
+    trajectory_id: str
+    conversation_id: str | None
+    service_name: str
+    agent_name: str | None
+    trace_ids: list[str]
+    root_name: str | None
+    start_time_unix_nano: int
+    end_time_unix_nano: int
+    n_spans: int
+    n_llm_calls: int
+    n_tool_calls: int
+    n_tool_errors: int
+    dialects: list[str]
+    tool_names: list[str]
+    updated_batch: int
+    updated_at: datetime
+
+
+class MessageRow(NamedTuple):
+    trajectory_id: str
+    position: int
+    role: str
+    content: str
+    tool_calls: str  # JSON: [{"id", "name", "arguments"}]
+    tool_call_id: str | None
+    name: str | None
+    trace_id: str
+    span_id: str
+    updated_batch: int
+
+
+class ToolCallRow(NamedTuple):
+    trajectory_id: str
+    position: int
+    tool_name: str
+    call_id: str | None
+    arguments: str | None
+    result: str | None
+    error: str | None
+    source: str  # "tool_span" (an executed tool) or "message" (requested, no span of its own)
+    message_position: int | None
+    trace_id: str
+    span_id: str
+    start_time_unix_nano: int
+    updated_batch: int
+
+
+class TrajectoryToolRow(NamedTuple):
+    trajectory_id: str
+    tool_name: str
+    description: str
+    parameters: str | None
+    updated_batch: int
+
+
+class ToolDefinitionRow(NamedTuple):
+    """A tool an agent declared (first and last seen are set by the upsert)."""
+
+    service_name: str
+    tool_name: str
+    description: str
+    parameters: str | None
+
+
+class OutcomeRow(NamedTuple):
+    trajectory_id: str
+    source: str
+    outcome: str
+    reward: float | None
+    detail: str | None
+    evidence_id: str
+    observed_time_unix_nano: int
+    recorded_at: datetime
+
+
+class TraceMapRow(NamedTuple):
+    trace_id: str
+    trajectory_id: str
+
+
 @dataclass(slots=True)
 class DerivedRows:
     """Everything the assembler derives for a set of trajectories, replaced in one transaction."""
 
     trajectory_ids: list[str]
-    trace_map: list[tuple[str, str]]
-    trajectories: list[tuple]
-    messages: list[tuple]
-    tool_calls: list[tuple]
-    trajectory_tools: list[tuple]
-    tool_definitions: list[tuple]
-    outcomes: list[tuple]
+    trace_map: list[TraceMapRow]
+    trajectories: list[TrajectoryRow]
+    messages: list[MessageRow]
+    tool_calls: list[ToolCallRow]
+    trajectory_tools: list[TrajectoryToolRow]
+    tool_definitions: list[ToolDefinitionRow]
+    outcomes: list[OutcomeRow]
 
 
 class SpanTables:
@@ -226,7 +312,8 @@ class SpanTables:
             insert_rows(tx, "outcomes", rows.outcomes)
             if rows.tool_definitions:
                 tx.executemany(
-                    "INSERT INTO tool_definitions VALUES (?, ?, ?, ?, now(), now()) "
+                    "INSERT INTO tool_definitions (service_name, tool_name, description, parameters, first_seen, last_seen) "
+                    "VALUES (?, ?, ?, ?, now(), now()) "
                     "ON CONFLICT (service_name, tool_name) DO UPDATE SET "
                     "description = excluded.description, parameters = excluded.parameters, last_seen = now()",
                     rows.tool_definitions,
