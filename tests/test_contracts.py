@@ -65,3 +65,22 @@ def test_the_trainer_refuses_a_wrong_request_before_loading_anything(tmp_path: P
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "family: Field required" in done.stderr.splitlines()[-1], done.stderr[-2000:]
     assert not (tmp_path / "run").exists()
+
+
+def test_a_result_is_read_with_its_extras_and_refused_with_the_reason_when_unusable() -> None:
+    from daemon.core.contracts import training_result
+
+    result = {"run_id": 3, "capability": "error_recovery.shop-agent", "verdict": "candidate", "evaluation": {"reasons": []},
+              "training": {"recipe": "sft"}, "adapter": "/runs/3/adapter", "steps": 2, "seconds": 9.5, "device": "cpu"}  # fmt: skip
+    read = training_result(json.dumps(result))
+    assert read.model_dump(mode="json") == result  # the device, beyond the contract, is kept
+    for wrong, named in (
+        ({**result, "adapter": None}, "a candidate names its adapter's directory"),
+        ({**result, "verdict": "maybe"}, "verdict: Input should be 'candidate' or 'rejected_by_eval'"),
+        ({key: value for key, value in result.items() if key != "evaluation"}, "evaluation: Field required"),
+    ):
+        with pytest.raises(ValueError, match="unusable training result") as refused:
+            training_result(json.dumps(wrong))
+        assert named in str(refused.value)
+    with pytest.raises(ValueError, match="unusable training result"):
+        training_result("{not json")

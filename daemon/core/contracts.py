@@ -1,4 +1,4 @@
-"""The daemon ↔ trainer contract, typed once: what a training request holds.
+"""The daemon ↔ trainer contract, typed once: what a training request holds, and what its result does.
 
 The daemon (``daemon.pipeline.training_runner``, and ``tracefix train`` in the foreground) builds a
 request with these models and writes it as ``request.json``; the trainer (``trainer.train_job``)
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from daemon.core.settings import CapabilitySettings, ModelSettings, TrainingSettings
 
@@ -87,3 +87,36 @@ def training_request(data: Any) -> TargetedRequest | GeneralistRequest:
     except ValidationError as error:
         wrong = "; ".join(f"{'.'.join(str(part) for part in item['loc'])}: {item['msg']}" for item in error.errors())
         raise ValueError(f"bad training request: {wrong}") from None
+
+
+class TrainingResult(BaseModel):
+    """What a training job leaves in ``result.json`` for the daemon: its verdict, the evaluation
+    report (the held-out comparison, or a generalist's next actions), what training did, and the
+    adapter's directory when it is a candidate. Fields beyond these (the device, peak GPU memory,
+    how a result was recovered) are kept as they come."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    run_id: int | None
+    capability: str
+    verdict: Literal["candidate", "rejected_by_eval"]
+    evaluation: dict[str, Any]
+    training: dict[str, Any]
+    adapter: str | None = None
+    steps: int | None = None
+    seconds: float | None = None
+
+    @model_validator(mode="after")
+    def _candidate_has_adapter(self) -> TrainingResult:
+        if self.verdict == "candidate" and not self.adapter:
+            raise ValueError("a candidate names its adapter's directory")
+        return self
+
+
+def training_result(text: str) -> TrainingResult:
+    """The job's ``result.json``; a ValueError saying what is wrong with it."""
+    try:
+        return TrainingResult.model_validate_json(text)
+    except ValidationError as error:
+        wrong = "; ".join(f"{'.'.join(str(part) for part in item['loc']) or 'result'}: {item['msg']}" for item in error.errors())
+        raise ValueError(f"unusable training result: {wrong}") from None

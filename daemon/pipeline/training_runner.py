@@ -29,7 +29,7 @@ from daemon.core.settings import Settings
 from daemon.pipeline.generalist import CONVERSATIONS, GeneralistStage, Render
 from daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut, error_tail
 from daemon.store.runs import RunStore
-from daemon.core.contracts import GeneralistRequest, TargetedRequest
+from daemon.core.contracts import GeneralistRequest, TargetedRequest, training_result
 from daemon.store.store import CANDIDATE, ENVIRONMENT, HEALTHY, TRAINING, AnalysisStore
 
 log = logging.getLogger(__name__)
@@ -204,20 +204,24 @@ class TrainingRunner:
             return self._fail(run, f"training {error}")
         if returncode != 0:
             return self._fail(run, f"training exited with {returncode}: {error_tail(directory / 'stderr.log')}")
-        result = json.loads((directory / "result.json").read_text())
-        evaluation = result["evaluation"]
-        if result["verdict"] == "candidate":
-            manifest = Path(result["adapter"]) / "manifest.json"
+        try:
+            parsed = training_result((directory / "result.json").read_text())
+        except (OSError, ValueError) as error:
+            return self._fail(run, f"the training job exited without a usable result: {error}")
+        result = parsed.model_dump(mode="json")
+        evaluation = parsed.evaluation
+        if parsed.verdict == "candidate":
+            manifest = Path(str(parsed.adapter)) / "manifest.json"
             digest = hashlib.sha256(manifest.read_bytes()).hexdigest()
-            adapter_id = self.runs.add_candidate(run, result["adapter"], digest, result)
+            adapter_id = self.runs.add_candidate(run, str(parsed.adapter), digest, result)
             if adapter_id is None:
                 return None  # the run was taken back (stopped) while its result was being read
             self._move(run["capability"], CANDIDATE, f"adapter {adapter_id} (v{run['version']}) is a candidate: {_gain(evaluation)}")
         else:
             self.runs.set_run_status(run_id, "running", "rejected_by_eval", result)
-            reason = f"run {run_id} rejected by evaluation: {'; '.join(evaluation['reasons'])}"
+            reason = f"run {run_id} rejected by evaluation: {'; '.join(evaluation.get('reasons') or ['no reason given'])}"
             self.store.start_cooldown(run["capability"], reason, self.settings.trigger.cooldown_hours)
-        log.info("training run %d: %s (%s)", run_id, result["verdict"], _gain(evaluation))
+        log.info("training run %d: %s (%s)", run_id, parsed.verdict, _gain(evaluation))
         return run_id
 
     def _fail(self, run: dict[str, Any], error: str) -> int:
