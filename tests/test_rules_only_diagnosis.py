@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from daemon.app import cli
+from daemon.app import cli_common as cli
 from examples.traffic import generate, send
 from tests.conftest import REPO, RunningDaemon, free_port, make_daemon
 
@@ -144,7 +144,7 @@ def test_no_diagnosis_when_a_capability_is_selected(tmp_path_factory: pytest.Tem
 
 def test_missing_statistics_read_as_a_dash_in_the_cli_table() -> None:
     for missing in (None, math.nan):
-        assert cli._rate(missing) == "—"
-        assert cli._rank(missing) == "—"
-        assert cli._interval(missing, 0.4) == cli._interval(0.1, missing) == ""
-    assert cli._rate(0.254) == "0.25" and cli._rank(2) == "2" and cli._interval(0.1, 0.4) == " [0.10–0.40]"
+        assert cli.rate_text(missing) == "—"
+        assert cli.rank_text(missing) == "—"
+        assert cli.interval_text(missing, 0.4) == cli.interval_text(0.1, missing) == ""
+    assert cli.rate_text(0.254) == "0.25" and cli.rank_text(2) == "2" and cli.interval_text(0.1, 0.4) == " [0.10–0.40]"
