@@ -1,5 +1,6 @@
-"""Replay of real failures: a model's first turn on a failed trajectory's opening is judged by the
-capability's own rule labeler, as it would judge the agent."""
+"""Replay of real failures: the trainer answers a failed trajectory's opening with the base and the
+adapter (trainer/replay.py), and the daemon judges each first turn with the capability's own rule
+labeler, as it would judge the agent (daemon/pipeline/replay_judge.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from daemon.analysis.capabilities import load_registry
 from daemon.core.settings import CapabilitySettings
 from trainer.environment import assistant_call, assistant_text, load_tools
-from trainer.replay import _trajectory
+from daemon.pipeline.replay_judge import judge, replayed_trajectory
 
 TOOLS = load_tools(json.loads((Path(__file__).parent / "fixtures" / "tools" / "airline.json").read_text()))
 CASE = {"trajectory_id": "t1", "system": "You are an airline agent.", "user": "Cancel reservation R-12345 please."}
@@ -17,7 +18,7 @@ CASE = {"trajectory_id": "t1", "system": "You are an airline agent.", "user": "C
 
 def _judge(capability: str, answer: dict) -> str:
     labeler = load_registry(CapabilitySettings())[capability].labeler
-    return labeler.label(_trajectory(CASE, answer, TOOLS)).label.value
+    return labeler.label(replayed_trajectory(CASE, answer, TOOLS)).label.value
 
 
 def test_a_write_before_any_read_is_lacking_precondition_verification() -> None:
@@ -45,7 +46,10 @@ def test_a_replay_reports_each_cases_labels_with_the_labelers_reasons_and_the_an
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     cases = [CASE, {**CASE, "trajectory_id": "t2", "user": "How many bags can I check on R-12345?"}]
 
-    report = replay(model, tokenizer, "tool_call_precision", cases, TOOLS, Sampling(max_new_tokens=12))
+    replayed = replay(model, tokenizer, cases, TOOLS, Sampling(max_new_tokens=12))
+    assert [item["trajectory_id"] for item in replayed["answers"]] == ["t1", "t2"]  # answers only: the trainer judges nothing
+    assert all({"base", "adapter"} <= set(item) and "base_reason" not in item for item in replayed["answers"])
+    report = judge(replayed, "tool_call_precision", TOOLS, CapabilitySettings())
 
     assert report["cases"] == 2 and [item["trajectory_id"] for item in report["items"]] == ["t1", "t2"]
     for case, item in zip(cases, report["items"], strict=True):
@@ -54,7 +58,7 @@ def test_a_replay_reports_each_cases_labels_with_the_labelers_reasons_and_the_an
             assert isinstance(answer, str) and len(answer) <= 300
             # The reason is the labeler's own verdict on the answer shown next to it.
             judged = load_registry(CapabilitySettings())["tool_call_precision"].labeler.label(
-                _trajectory(case, assistant_text(answer), TOOLS)
+                replayed_trajectory(case, assistant_text(answer), TOOLS)
             )
             assert (item[who], item[f"{who}_reason"]) == (judged.label.value, judged.reason)
     assert report["base_lacking"] == sum(item["base"] == "LACKING" for item in report["items"])

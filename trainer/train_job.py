@@ -26,7 +26,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from daemon.core import tracks
 from daemon.core.contracts import training_request
 from daemon.core.settings import TrainingSettings
 from trainer.adapters import AdapterRejected, base_model_hash, save_adapter, verify_adapter
@@ -146,7 +145,7 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
     cases = request.get("replay") or []
     if cases:
         on_part(f"replay of {len(cases)} failed openings")
-    verdict["replay"] = replay(model, tokenizer, tracks.capability_of(request["capability"]), cases, tools, sampling, request.get("capabilities"))
+    verdict["replay"] = replay(model, tokenizer, cases, tools, sampling)  # answers; the daemon judges them
     result: dict[str, Any] = {
         "run_id": request["run_id"],
         "capability": request["capability"],

@@ -240,6 +240,7 @@ def train(
 ) -> None:  # fmt: skip
     """Train, evaluate and save one adapter in the foreground (the daemon does the same on its own for
     every gap it detects). Re-running with the same --output resumes from its checkpoints."""
+    from daemon.pipeline import replay_judge
     from daemon.pipeline.training_runner import job_settings, train_config
     from trainer.model import ModelUnavailable
     from trainer.train_job import run_training
@@ -289,6 +290,7 @@ def train(
             result = run_training(request, run_dir, progress)
         except (ModelUnavailable, ValueError, FileExistsError) as error:
             raise click.ClickException(str(error)) from None
+    result["evaluation"] = replay_judge.judged(result["evaluation"], capability, environment.tools, settings.capabilities)
     if as_json:
         print_json(result)
         return

@@ -5,7 +5,8 @@ request with these models and writes it as ``request.json``; the trainer (``trai
 reads it back through the same models, so a field either side gets wrong is refused with its name
 before any model is loaded. A targeted run trains on an environment (its family, difficulty and the
 agent's tools); a generalist run (``kind = "generalist"``) learns from the agent's successful
-conversations. Both carry the [training], [model] and [capabilities] settings the daemon runs with.
+conversations. Both carry the [training] and [model] settings the daemon runs with. A run's replay of
+real failures comes back as answers, which the daemon judges (daemon/pipeline/replay_judge.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from daemon.core.settings import CapabilitySettings, ModelSettings, TrainingSettings
+from daemon.core.settings import ModelSettings, TrainingSettings
 
 
 class _Part(BaseModel):
@@ -50,7 +51,6 @@ class _Job(_Part):
     model: ModelSettings
     evaluation: EvaluationPart
     memory_mb: int | None = None
-    capabilities: CapabilitySettings = CapabilitySettings()
 
 
 class TargetedRequest(_Job):

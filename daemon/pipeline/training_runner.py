@@ -29,7 +29,10 @@ from daemon.core.settings import Settings
 from daemon.pipeline.generalist import CONVERSATIONS, GeneralistStage, Render
 from daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut, error_tail
 from daemon.store.runs import RunStore
+from daemon.core import tracks
 from daemon.core.contracts import GeneralistRequest, TargetedRequest, training_result
+from daemon.pipeline import replay_judge
+from trainer.environment import load_tools
 from daemon.store.store import CANDIDATE, ENVIRONMENT, HEALTHY, TRAINING, AnalysisStore
 
 log = logging.getLogger(__name__)
@@ -209,7 +212,11 @@ class TrainingRunner:
         except (OSError, ValueError) as error:
             return self._fail(run, f"the training job exited without a usable result: {error}")
         result = parsed.model_dump(mode="json")
-        evaluation = parsed.evaluation
+        # The run replayed real failures; its answers are judged here, by this daemon's labelers.
+        tools = load_tools(body["tools"]) if body.get("tools") else []
+        result["evaluation"] = evaluation = replay_judge.judged(
+            parsed.evaluation, tracks.capability_of(run["capability"]), tools, self.settings.capabilities
+        )
         if parsed.verdict == "candidate":
             manifest = Path(str(parsed.adapter)) / "manifest.json"
             digest = hashlib.sha256(manifest.read_bytes()).hexdigest()
@@ -257,8 +264,6 @@ def job_settings(settings: Settings) -> dict[str, Any]:
         "model": {**model.model_dump(mode="json"), "cache_dir": str(cache_dir)},
         "evaluation": {"seeds": training.eval_seeds, "margin": training.eval_margin, "interference": training.eval_interference},
         "memory_mb": training.memory_mb,
-        # The replay judges adapter answers with the labelers as this daemon configures them.
-        "capabilities": settings.capabilities.model_dump(mode="json"),
     }
 
 
