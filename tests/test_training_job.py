@@ -214,6 +214,11 @@ def test_a_run_stopped_with_the_daemon_is_requeued_and_resumes_from_its_checkpoi
     assert steps[-1] == 3 and sorted(set(steps)) == [1, 2, 3]
 
 
+def _unjudged(result: dict) -> dict:
+    """A result without its replay (the job's answers, or the daemon's judgement of them)."""
+    return {**result, "evaluation": {key: value for key, value in result["evaluation"].items() if key != "replay"}}
+
+
 def test_a_job_that_already_finished_is_not_run_again(runner_store: tuple[Store, AnalysisStore, RunStore], tiny_model: Path) -> None:
     """A daemon stopped the moment its job finished requeues the run: the job's second start returns
     the first one's outcome instead of training again and failing on its own immutable adapter."""
@@ -230,7 +235,11 @@ def test_a_job_that_already_finished_is_not_run_again(runner_store: tuple[Store,
 
     again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
-    assert json.loads((directory / "result.json").read_text()) == run["result"]
+    # The job's result, as the daemon stored it but for the replay: the job returns its answers,
+    # the daemon stored them judged.
+    written = json.loads((directory / "result.json").read_text())
+    assert _unjudged(written) == _unjudged(run["result"])
+    assert "answers" in written["evaluation"]["replay"] and "reproducible" in run["result"]["evaluation"]["replay"]
     assert (directory / "progress.jsonl").read_text() == progress  # nothing trained or evaluated again
 
     # Killed after publishing the adapter, before writing result.json: the result comes from the manifest.
@@ -239,7 +248,7 @@ def test_a_job_that_already_finished_is_not_run_again(runner_store: tuple[Store,
     assert again.returncode == 0, again.stderr
     rebuilt = json.loads((directory / "result.json").read_text())
     assert rebuilt["verdict"] == "candidate" and rebuilt["adapter"] == run["result"]["adapter"]
-    assert rebuilt["evaluation"] == run["result"]["evaluation"] and rebuilt["steps"] == run["result"]["steps"]
+    assert _unjudged(rebuilt)["evaluation"] == _unjudged(run["result"])["evaluation"] and rebuilt["steps"] == run["result"]["steps"]
     assert rebuilt["training"]["recipe"] == run["result"]["training"]["recipe"] and rebuilt["recovered_from"] == "adapter manifest"
     assert (directory / "progress.jsonl").read_text() == progress
     assert (directory / "adapter" / "manifest.json").read_bytes() == adapter
