@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             deadline = time.monotonic() + 300
             while True:
-                assert router.poll() is None, "the router exited"
+                assert router.poll() is None, "the router exited:\n" + (Path(directory) / "router.log").read_text()[-3000:]
                 try:
                     if httpx.get(f"{router_url}/healthz", timeout=2).status_code == 200:
                         break
