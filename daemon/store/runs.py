@@ -15,6 +15,7 @@ import orjson
 
 from daemon.core import tracks
 from daemon.core.generalist import PREFIX as GENERALIST_PREFIX
+from daemon.store.environments import EnvironmentStore
 from daemon.store.sql import Tables
 
 RUN_STATES = ("queued", "running", "candidate", "rejected_by_eval", "failed")
@@ -217,17 +218,14 @@ class RunStore(Tables):
         the track's capability, of its agent (``daemon.core.tracks``; any agent's for a bare
         capability): what the evaluation replays against base and adapter."""
         agent = tracks.agent_of(track)
-        services = [
-            row["service_name"] for row in self.store.query("SELECT DISTINCT service_name FROM trajectories")
-            if agent is None or tracks.safe(row["service_name"]) == agent
-        ]  # fmt: skip
+        service = EnvironmentStore(self.store).service_of(agent) if agent is not None else None
         ids = [
             row["trajectory_id"]
             for row in self.store.query(
                 "SELECT DISTINCT l.trajectory_id FROM labels l JOIN trajectory_outcomes o USING (trajectory_id) "
                 "JOIN trajectories t USING (trajectory_id) WHERE l.capability = ? AND l.label = 'LACKING' "
-                "AND o.outcome = 'failure' AND list_contains(?, t.service_name) ORDER BY l.trajectory_id LIMIT ?",
-                [tracks.capability_of(track), services, limit],
+                "AND o.outcome = 'failure' AND (? IS NULL OR t.service_name = ?) ORDER BY l.trajectory_id LIMIT ?",
+                [tracks.capability_of(track), service, service, limit],
             )
         ]
         if not ids:
