@@ -6,6 +6,7 @@ from __future__ import annotations
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +57,18 @@ def test_any_other_runtime_error_fails_the_job_with_its_traceback_and_reason() -
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "Traceback" in done.stderr
     assert done.stderr.splitlines()[-1] == "training failed: RuntimeError: shape mismatch", done.stderr
+
+
+def test_a_model_job_waits_passively_on_shared_cores_unless_the_environment_names_a_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from daemon.pipeline.model_subprocess import ModelSubprocess
+
+    def policy_seen() -> str:
+        log = tmp_path / "job.log"
+        # `python -m` with a module that prints a variable of its environment to stderr (the job's log).
+        assert ModelSubprocess().run("tests.print_environment", ["OMP_WAIT_POLICY"], log, timeout_s=60) == 0
+        return log.read_text().strip()
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert policy_seen() == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert policy_seen() == "ACTIVE"

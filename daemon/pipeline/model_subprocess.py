@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from daemon.core.threads import model_process_environment
+
 STOP_GRACE_S = 5.0  # between SIGTERM and SIGKILL
 ERROR_LINES = 5  # lines of stderr kept as the reason of a failed run
 
@@ -49,6 +51,7 @@ class ModelSubprocess:
                 process = self._process = subprocess.Popen(
                     [sys.executable, "-m", module, *arguments],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+                    env=model_process_environment(),
                 )  # fmt: skip
             try:
                 returncode = self._wait(process, timeout_s, on_poll, poll_s)
