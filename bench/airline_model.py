@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from examples.airline.tools import TOOLS as AIRLINE_TOOLS
-from trainer import model as models
-from trainer.environment import Environment, load_tools
-from trainer.families import load_families
+from tracefix.trainer import model as models
+from tracefix.trainer.environment import Environment, load_tools
+from tracefix.trainer.families import load_families
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -32,10 +32,10 @@ sys.path.insert(0, str(REPO))
 
 import duckdb  # noqa: E402
 
-from daemon.analysis.analyzer import Analyzer  # noqa: E402
-from daemon.analysis.capabilities import load_registry  # noqa: E402
-from daemon.core.settings import load_settings  # noqa: E402
-from daemon.store.store import Store  # noqa: E402
+from tracefix.daemon.analysis.analyzer import Analyzer  # noqa: E402
+from tracefix.daemon.analysis.capabilities import load_registry  # noqa: E402
+from tracefix.daemon.core.settings import load_settings  # noqa: E402
+from tracefix.daemon.store.store import Store  # noqa: E402
 from examples.traffic import generate, send  # noqa: E402
 from tests.conftest import make_daemon  # noqa: E402
 

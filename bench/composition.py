@@ -41,13 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.demo_loop import goal_steps_table  # noqa: E402
 from bench.imitation_baseline import Router, load_adapter, open_demo, run_panel, targeted_adapters  # noqa: E402
-from daemon.app.demo import MODEL_DRIVEN, PANEL_BATCH, PANEL_BATCHES, Tally  # noqa: E402
-from daemon.core import generalist as generalists  # noqa: E402
-from daemon.core import tracks  # noqa: E402
-from daemon.core.settings import Settings  # noqa: E402
-from daemon.promotion.lifecycle import served_name  # noqa: E402
-from daemon.promotion.router_client import RouterAdmin  # noqa: E402
-from router.routing import adapter_name  # noqa: E402
+from tracefix.daemon.app.demo import MODEL_DRIVEN, PANEL_BATCH, PANEL_BATCHES, Tally  # noqa: E402
+from tracefix.daemon.core import generalist as generalists  # noqa: E402
+from tracefix.daemon.core import tracks  # noqa: E402
+from tracefix.daemon.core.settings import Settings  # noqa: E402
+from tracefix.daemon.promotion.lifecycle import served_name  # noqa: E402
+from tracefix.daemon.promotion.router_client import RouterAdmin  # noqa: E402
+from tracefix.router.routing import adapter_name  # noqa: E402
 
 BASE, GENERALIST, SINGLE, PER_CONVERSATION, PER_REQUEST, MERGE = "base", "generalist", "single", "per_conversation", "per_request", "merge"
 MERGED_CAPABILITY = "merge"  # the merged adapter's name in the router: merge@v1
@@ -104,7 +104,7 @@ def linear_merge(paths: list[Path], weights: list[float], model_dir: Path, direc
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trainer.adapters import CONFIG, base_model_hash, load_adapter, save_adapter
+    from tracefix.trainer.adapters import CONFIG, base_model_hash, load_adapter, save_adapter
 
     configs = [json.loads((Path(path) / CONFIG).read_text()) for path in paths]
     ranks = [config["r"] for config in configs]
@@ -128,8 +128,8 @@ def linear_merge(paths: list[Path], weights: list[float], model_dir: Path, direc
 def merged_adapter(settings: Settings, inputs: list[dict[str, Any]], output: Path) -> dict[str, Any]:
     """The merge of `inputs` as ``merge@v1`` under `output` (made once; a rerun over the same
     adapters reuses it): its path, what it merged and with which weights."""
-    from trainer.adapters import read_manifest, verify_adapter
-    from trainer.model import resolve
+    from tracefix.trainer.adapters import read_manifest, verify_adapter
+    from tracefix.trainer.model import resolve
 
     directory = output / MERGED_CAPABILITY / "v1"
     names = [served_name(adapter) for adapter in inputs]

@@ -28,8 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from daemon.app.demo import number_text, share_text  # noqa: E402
-from daemon.core.progress import grpo_added_text, reference_name, retention_text  # noqa: E402
+from tracefix.daemon.app.demo import number_text, share_text  # noqa: E402
+from tracefix.daemon.core.progress import grpo_added_text, reference_name, retention_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- demo_loop:begin -->", "<!-- demo_loop:end -->"
@@ -55,7 +55,7 @@ def run_demo(arguments: argparse.Namespace) -> Path:
         f'[model]\ncache_dir = "{cache}"\n'
     )
     report = output / "report.json"
-    command = [sys.executable, "-m", "daemon.app.cli", "demo", "--config", str(config), "--auto-approve", "--minutes", str(arguments.minutes),
+    command = [sys.executable, "-m", "tracefix.daemon.app.cli", "demo", "--config", str(config), "--auto-approve", "--minutes", str(arguments.minutes),
                "--after", str(arguments.after), "--adapters", str(arguments.adapters), "--report", str(report),
                *(["--fast"] if arguments.fast else [])]  # fmt: skip
     print("$ " + " ".join(command), file=sys.stderr, flush=True)

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from peft import LoraConfig, get_peft_model  # noqa: E402
 
-from trainer.gate import GatedExperts  # noqa: E402
-from trainer import model as models  # noqa: E402
+from tracefix.trainer.gate import GatedExperts  # noqa: E402
+from tracefix.trainer import model as models  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Cancel my reservation R-4821 and tell me the refund amount."}]
 

@@ -1,7 +1,7 @@
 """One capability trained the way the daemon trains it, on the GPU: a DuckDB store holding one
 checked environment (a capability over the airline agent's tools), the demo's training settings
 scaled for a GPU, and the daemon's ``TrainingRunner`` running its training subprocess
-(``python -m trainer.train_job``, with ``[training] memory_mb`` and ``device`` as configured) to a
+(``python -m tracefix.trainer.train_job``, with ``[training] memory_mb`` and ``device`` as configured) to a
 verdict. Prints PASS or FAIL for each check, then one JSON line with what it measured:
 
     run          the run ends as a candidate or rejected by evaluation, not failed
@@ -30,16 +30,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from daemon.app.demo import DEMO  # noqa: E402
-from daemon.core.progress import read_progress  # noqa: E402
-from daemon.core.settings import ModelSettings, Settings, StoreSettings, TrainingSettings  # noqa: E402
-from daemon.pipeline.training_runner import TrainingRunner  # noqa: E402
-from daemon.store.runs import RunStore  # noqa: E402
-from daemon.store.store import AnalysisStore, Store  # noqa: E402
+from tracefix.daemon.app.demo import DEMO  # noqa: E402
+from tracefix.daemon.core.progress import read_progress  # noqa: E402
+from tracefix.daemon.core.settings import ModelSettings, Settings, StoreSettings, TrainingSettings  # noqa: E402
+from tracefix.daemon.pipeline.training_runner import TrainingRunner  # noqa: E402
+from tracefix.daemon.store.runs import RunStore  # noqa: E402
+from tracefix.daemon.store.store import AnalysisStore, Store  # noqa: E402
 from examples.airline.tools import TOOLS as AIRLINE_TOOLS  # noqa: E402
-from trainer import model as models  # noqa: E402
-from trainer.environment import Environment, load_tools  # noqa: E402
-from trainer.families import load_families  # noqa: E402
+from tracefix.trainer import model as models  # noqa: E402
+from tracefix.trainer.environment import Environment, load_tools  # noqa: E402
+from tracefix.trainer.families import load_families  # noqa: E402
 from bench.grpo_settings import parse_variant  # noqa: E402
 
 # The demo's training settings (`daemon/app/demo.py`), scaled for a GPU: GRPO at `[training]`'s own

@@ -57,15 +57,15 @@ def plain_backward(model: Any, prompt: list[int], completions: list[Any], tokens
 
 
 def child(arguments: argparse.Namespace) -> dict[str, Any]:
-    from daemon.core.settings import TrainingSettings
+    from tracefix.daemon.core.settings import TrainingSettings
     from examples.airline.tools import TOOLS
-    from trainer import model as models
-    from trainer.environment import Environment, load_tools
-    from trainer.families import load_families
-    from trainer.grpo import take_rollouts
-    from trainer.jobs import limit_memory
-    from trainer.policy_loss import Completion, group_backward
-    from trainer.recipes import load_policy
+    from tracefix.trainer import model as models
+    from tracefix.trainer.environment import Environment, load_tools
+    from tracefix.trainer.families import load_families
+    from tracefix.trainer.grpo import take_rollouts
+    from tracefix.trainer.jobs import limit_memory
+    from tracefix.trainer.policy_loss import Completion, group_backward
+    from tracefix.trainer.recipes import load_policy
 
     limit_memory(int(arguments.limit_gb * 1024))
     config = TrainingSettings(
@@ -90,7 +90,7 @@ def child(arguments: argparse.Namespace) -> dict[str, Any]:
     update_s, peak_mb = time.monotonic() - started, _peak_mb()
     every: dict[str, Any] = {}
     if arguments.every_position and arguments.micro_batch:
-        from trainer import output_layer
+        from tracefix.trainer import output_layer
 
         gradients = [parameter.grad.clone() for parameter in model.parameters() if parameter.grad is not None]
         model.zero_grad()

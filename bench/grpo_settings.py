@@ -49,16 +49,16 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from daemon.app.demo import DEMO  # noqa: E402
-from daemon.core.settings import TrainingSettings  # noqa: E402
+from tracefix.daemon.app.demo import DEMO  # noqa: E402
+from tracefix.daemon.core.settings import TrainingSettings  # noqa: E402
 from examples.airline.tools import TOOLS as AIRLINE_TOOLS  # noqa: E402
-from trainer import model as models  # noqa: E402
-from trainer.environment import Environment, load_tools  # noqa: E402
-from trainer.evaluation import paired, play  # noqa: E402
-from trainer.families import load_families  # noqa: E402
-from trainer.grpo import adapter_weights, checkpoint_step, complete_checkpoints, lora_state  # noqa: E402
-from trainer.recipes import train  # noqa: E402
-from trainer.rollouts import Sampling  # noqa: E402
+from tracefix.trainer import model as models  # noqa: E402
+from tracefix.trainer.environment import Environment, load_tools  # noqa: E402
+from tracefix.trainer.evaluation import paired, play  # noqa: E402
+from tracefix.trainer.families import load_families  # noqa: E402
+from tracefix.trainer.grpo import adapter_weights, checkpoint_step, complete_checkpoints, lora_state  # noqa: E402
+from tracefix.trainer.recipes import train  # noqa: E402
+from tracefix.trainer.rollouts import Sampling  # noqa: E402
 
 FIRST_SEED = 2000  # validation seeds: above any held-out range, far below the warm start's and training's
 

@@ -34,16 +34,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.demo_loop import free_port, goal_steps_table  # noqa: E402
-from daemon.app.demo import MODEL_DRIVEN, PANEL_BATCHES, layered_settings, model_driven  # noqa: E402
-from daemon.app.supervisor import Supervisor, children  # noqa: E402
-from daemon.core.intervals import wilson  # noqa: E402
-from daemon.core.settings import Settings, load_settings  # noqa: E402
-from daemon.promotion.router_client import RouterAdmin  # noqa: E402
-from daemon.store.runs import RunStore  # noqa: E402
-from daemon.store.store import Store, StoreError  # noqa: E402
-from daemon.store.traces import TrajectoryStore  # noqa: E402
-from router.protocol import stored_prompt_messages  # noqa: E402
-from router.routing import adapter_name  # noqa: E402
+from tracefix.daemon.app.demo import MODEL_DRIVEN, PANEL_BATCHES, layered_settings, model_driven  # noqa: E402
+from tracefix.daemon.app.supervisor import Supervisor, children  # noqa: E402
+from tracefix.daemon.core.intervals import wilson  # noqa: E402
+from tracefix.daemon.core.settings import Settings, load_settings  # noqa: E402
+from tracefix.daemon.promotion.router_client import RouterAdmin  # noqa: E402
+from tracefix.daemon.store.runs import RunStore  # noqa: E402
+from tracefix.daemon.store.store import Store, StoreError  # noqa: E402
+from tracefix.daemon.store.traces import TrajectoryStore  # noqa: E402
+from tracefix.router.protocol import stored_prompt_messages  # noqa: E402
+from tracefix.router.routing import adapter_name  # noqa: E402
 
 CAPABILITY = "imitation_baseline"  # the imitation adapter's name in the router: imitation_baseline@v1
 ARMS = ("base", "targeted", "imitation")
@@ -80,7 +80,7 @@ def targeted_adapters(store: Store) -> list[dict[str, Any]]:
 
 def episodes_of(adapter: dict[str, Any]) -> int:
     """What one targeted adapter trained on: its warm-start demonstrations plus its GRPO rollouts."""
-    from trainer.adapters import read_manifest
+    from tracefix.trainer.adapters import read_manifest
 
     metrics = read_manifest(Path(adapter["path"])).get("metrics") or {}
     return int((metrics.get("warm_start") or {}).get("examples", 0)) + int(metrics.get("rollouts") or 0)
@@ -109,9 +109,9 @@ def successful_conversations(store: Store, service: str | None, count: int, seed
 
 def train(settings: Settings, conversations: list[list[dict[str, str]]], output: Path) -> dict[str, Any]:
     """The imitation adapter under `output/adapter` (trained once; a rerun reuses it)."""
-    from trainer.adapters import verify_adapter
-    from trainer.imitation import train_imitation
-    from trainer.model import resolve
+    from tracefix.trainer.adapters import verify_adapter
+    from tracefix.trainer.imitation import train_imitation
+    from tracefix.trainer.model import resolve
 
     if (output / "adapter").exists():
         return verify_adapter(output / "adapter")

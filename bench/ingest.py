@@ -698,7 +698,7 @@ class Daemon:
             command = [sys.executable, str(Path(__file__).resolve()), "--serve-profiled", str(self.config_path),
                        str(self.profile_path)]  # fmt: skip
         else:
-            command = [sys.executable, "-m", "daemon.app.cli", "daemon", "--config", str(self.config_path)]
+            command = [sys.executable, "-m", "tracefix.daemon.app.cli", "daemon", "--config", str(self.config_path)]
         environment = {key: value for key, value in os.environ.items() if not key.startswith("TRACEFIX_")}
         environment["PYTHONUNBUFFERED"] = "1"
         self.process = subprocess.Popen(
@@ -985,7 +985,7 @@ def serve_profiled(config_path: str, output_path: str) -> None:
     # uvicorn re-raises the SIGTERM it handled once it has shut down, with the handler that was there
     # before it; a no-op one lets the daemon's own shutdown and the final dump run.
     signal.signal(signal.SIGTERM, lambda number, frame: None)
-    from daemon.app.cli import main
+    from tracefix.daemon.app.cli import main
 
     profiler = cProfile.Profile(time.thread_time)
     profilers.append(profiler)

@@ -51,7 +51,7 @@ from urllib.parse import quote
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from collectors.run_formats import FORMATS  # noqa: E402
+from tracefix.collectors.run_formats import FORMATS  # noqa: E402
 from tests.conftest import make_daemon  # noqa: E402
 
 LACKING_SAMPLE, PRESENT_SAMPLE, SEED = 20, 10, 17
@@ -117,7 +117,7 @@ def causes(run: dict[str, Any], writes: set[str]) -> set[str]:
 
 
 def import_runs(daemon: Any, runs_path: Path, tools_path: Path | None, run_format: str) -> dict[str, Any]:
-    command = [sys.executable, "-m", "daemon.app.cli", "import", str(runs_path), "--format", run_format, "--json",
+    command = [sys.executable, "-m", "tracefix.daemon.app.cli", "import", str(runs_path), "--format", run_format, "--json",
                "--config", str(daemon.config_path)]  # fmt: skip
     if tools_path is not None:
         command += ["--tools", str(tools_path)]

@@ -80,7 +80,7 @@ def start_daemon(directory: Path, args: argparse.Namespace, llm_on: bool) -> Run
 
 
 def import_runs(daemon: RunningDaemon, path: Path) -> dict[str, Any]:
-    command = [sys.executable, "-m", "daemon.app.cli", "import", str(path), "--format", "tau-bench", "--tools", str(TOOLS),
+    command = [sys.executable, "-m", "tracefix.daemon.app.cli", "import", str(path), "--format", "tau-bench", "--tools", str(TOOLS),
                "--json", "--config", str(daemon.config_path)]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1800)
     if done.returncode != 0:

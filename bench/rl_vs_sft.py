@@ -31,15 +31,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from daemon.core.intervals import wilson  # noqa: E402
-from daemon.core.settings import RECIPES, TrainingSettings  # noqa: E402
+from tracefix.daemon.core.intervals import wilson  # noqa: E402
+from tracefix.daemon.core.settings import RECIPES, TrainingSettings  # noqa: E402
 from examples.airline.tools import TOOLS as AIRLINE_TOOLS  # noqa: E402
-from trainer import model as models  # noqa: E402
-from trainer.environment import Environment, load_tools  # noqa: E402
-from trainer.evaluation import play  # noqa: E402
-from trainer.families import load_families  # noqa: E402
-from trainer.recipes import train  # noqa: E402
-from trainer.rollouts import Sampling  # noqa: E402
+from tracefix.trainer import model as models  # noqa: E402
+from tracefix.trainer.environment import Environment, load_tools  # noqa: E402
+from tracefix.trainer.evaluation import play  # noqa: E402
+from tracefix.trainer.families import load_families  # noqa: E402
+from tracefix.trainer.recipes import train  # noqa: E402
+from tracefix.trainer.rollouts import Sampling  # noqa: E402
 
 
 def budget(recipe: str, episodes: int, per_step: int) -> dict[str, int]:

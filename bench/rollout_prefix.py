@@ -44,8 +44,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import airline_model  # noqa: E402
-from trainer import decode, opening_attention, rollouts  # noqa: E402
-from trainer.rollouts import Sampling, generate_rollouts  # noqa: E402
+from tracefix.trainer import decode, opening_attention, rollouts  # noqa: E402
+from tracefix.trainer.rollouts import Sampling, generate_rollouts  # noqa: E402
 
 WAYS = ("re-prefilled", "opening copied per row", "shared, split prefill, turns anew", "shared, turns anew", "carried, rows to the longest", "opening shared")
 
@@ -77,8 +77,8 @@ def with_adapter(model: Any, path: Path) -> Any:
     from peft import get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    from daemon.core.settings import TrainingSettings
-    from trainer.recipes import lora_config
+    from tracefix.daemon.core.settings import TrainingSettings
+    from tracefix.trainer.recipes import lora_config
 
     model = get_peft_model(model, lora_config(TrainingSettings()))
     weights = load_file(str(path))

@@ -69,7 +69,7 @@ import openai  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from trainer import model as models  # noqa: E402
+from tracefix.trainer import model as models  # noqa: E402
 
 CAPABILITY = "swap_bench"
 TARGET_SWAP_S = 2.0  # issue 6: admin call to first request served by the new version
@@ -137,7 +137,7 @@ def write_config(directory: Path, model_name: str, cache: Path, port: int, argum
 
 
 class RouterProcess:
-    """`python -m daemon.app.cli router --config …` with its output in a log file."""
+    """`python -m tracefix.daemon.app.cli router --config …` with its output in a log file."""
 
     def __init__(self, directory: Path, config: Path, port: int) -> None:
         self.directory, self.config, self.port = directory, config, port
@@ -148,7 +148,7 @@ class RouterProcess:
     def start(self, timeout_s: float) -> None:
         with self.log_path.open("wb") as output:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "daemon.app.cli", "router", "--config", str(self.config)],
+                [sys.executable, "-m", "tracefix.daemon.app.cli", "router", "--config", str(self.config)],
                 cwd=REPO, stdout=output, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )  # fmt: skip
         deadline = time.monotonic() + timeout_s

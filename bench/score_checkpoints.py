@@ -48,14 +48,14 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.grpo_settings import airline_environment, difference, greedy, settings  # noqa: E402
-from daemon.core.settings import TrainingSettings  # noqa: E402
-from trainer import model as models  # noqa: E402
-from trainer.adapters import base_model_hash  # noqa: E402
-from trainer.evaluation import paired  # noqa: E402
-from trainer.families import build_environment  # noqa: E402
-from trainer.grpo import adapter_weights, lora_state  # noqa: E402
-from trainer.jobs import write_atomically  # noqa: E402
-from trainer.recipes import load_policy  # noqa: E402
+from tracefix.daemon.core.settings import TrainingSettings  # noqa: E402
+from tracefix.trainer import model as models  # noqa: E402
+from tracefix.trainer.adapters import base_model_hash  # noqa: E402
+from tracefix.trainer.evaluation import paired  # noqa: E402
+from tracefix.trainer.families import build_environment  # noqa: E402
+from tracefix.trainer.grpo import adapter_weights, lora_state  # noqa: E402
+from tracefix.trainer.jobs import write_atomically  # noqa: E402
+from tracefix.trainer.recipes import load_policy  # noqa: E402
 
 
 def seed_range(text: str) -> range:

@@ -42,7 +42,7 @@ def conversations(count: int) -> list[list[dict[str, str]]]:
 
     from examples.airline.instructions import SYSTEM_INSTRUCTIONS
     from examples.airline.tools import TOOLS
-    from router.protocol import stored_prompt_messages
+    from tracefix.router.protocol import stored_prompt_messages
 
     tools = [{"tool_name": tool["name"], "description": tool["description"], "parameters": json.dumps(tool["parameters"])} for tool in TOOLS]
     draw = random.Random(0)
@@ -70,11 +70,11 @@ def conversations(count: int) -> list[list[dict[str, str]]]:
 
 def measure(arguments: argparse.Namespace) -> float:
     """Seconds of one next-action pass (in this process, as the child of `main`)."""
-    from daemon.core.settings import TrainingSettings
-    from trainer import model as models
-    from trainer.next_action import next_actions
-    from trainer.recipes import load_policy
-    from trainer.rollouts import Sampling
+    from tracefix.daemon.core.settings import TrainingSettings
+    from tracefix.trainer import model as models
+    from tracefix.trainer.next_action import next_actions
+    from tracefix.trainer.recipes import load_policy
+    from tracefix.trainer.rollouts import Sampling
 
     config = TrainingSettings(threads=arguments.threads)
     model, tokenizer = load_policy(models.resolve(arguments.model, Path(arguments.cache)), config)

@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         router_url = f"http://127.0.0.1:{daemon.sections['router']['port']}"
         router_log = (Path(directory) / "router.log").open("ab")
         router = subprocess.Popen(
-            [sys.executable, "-m", "daemon.app.cli", "router", "--config", str(daemon.config_path)], cwd=REPO, stdout=router_log,
+            [sys.executable, "-m", "tracefix.daemon.app.cli", "router", "--config", str(daemon.config_path)], cwd=REPO, stdout=router_log,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:

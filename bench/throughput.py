@@ -52,7 +52,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from trainer import precision  # noqa: E402
+from tracefix.trainer import precision  # noqa: E402
 
 STAGES = ("peak", "warm_start", "grpo_rollouts", "grpo_loss", "evaluation", "router_1", "router_8")
 DTYPES = ("float32", "bfloat16")
@@ -137,8 +137,8 @@ def warm_start(model: Any, tokenizer: Any, environment: Any, config: Any, shape:
     import torch
 
     from bench.airline_model import collate
-    from trainer.rollouts import demonstration
-    from trainer.shared_prefix import MIN_PREFIX, shared_prefix_length, shared_prefix_loss
+    from tracefix.trainer.rollouts import demonstration
+    from tracefix.trainer.shared_prefix import MIN_PREFIX, shared_prefix_length, shared_prefix_loss
 
     optimizer = torch.optim.AdamW([parameter for parameter in model.parameters() if parameter.requires_grad], lr=config.warm_start_learning_rate)
     model.train()
@@ -170,8 +170,8 @@ def warm_start(model: Any, tokenizer: Any, environment: Any, config: Any, shape:
 
 def grpo_step(model: Any, tokenizer: Any, environment: Any, config: Any, shape: ModelShape, repeats: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """One step's rollouts and its optimisation passes, ``repeats`` times on the step's seeds."""
-    from trainer.grpo import _groups, make_optimizer, optimise, take_rollouts
-    from trainer.policy_loss import Completion
+    from tracefix.trainer.grpo import _groups, make_optimizer, optimise, take_rollouts
+    from tracefix.trainer.policy_loss import Completion
 
     optimizer = make_optimizer(model, config)
     rollout_times, rollout_tokens, rollout_flops = [], [], []
@@ -203,7 +203,7 @@ def grpo_step(model: Any, tokenizer: Any, environment: Any, config: Any, shape: 
 
 def evaluation(model: Any, tokenizer: Any, environment: Any, config: Any, shape: ModelShape, seeds: int, repeats: int) -> dict[str, Any]:
     """Greedy held-out episodes on ``seeds`` seeds in one lockstep pass, ``repeats`` times."""
-    from trainer.rollouts import Sampling, play_in_batches
+    from tracefix.trainer.rollouts import Sampling, play_in_batches
 
     greedy = Sampling(config.new_tokens, 0.0, max_length=config.max_length)
     times, tokens, flops = [], [], []
@@ -222,7 +222,7 @@ def evaluation(model: Any, tokenizer: Any, environment: Any, config: Any, shape:
 def _generation_tokens(sequences: list[list[int]]) -> int:
     """Tokens a lockstep generation runs: the episodes' common opening once (it is prefilled once),
     then every episode's own tokens once (its cache is carried from turn to turn)."""
-    from trainer.prefix_cache import common_prefix
+    from tracefix.trainer.prefix_cache import common_prefix
 
     shared = common_prefix(sequences) if len(sequences) > 1 else 0
     return shared + sum(len(sequence) - shared for sequence in sequences)
@@ -313,10 +313,10 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoConfig
 
     from bench import airline_model
-    from daemon.app.demo import DEMO
-    from daemon.core.settings import TrainingSettings
-    from trainer import model as models
-    from trainer.recipes import load_policy
+    from tracefix.daemon.app.demo import DEMO
+    from tracefix.daemon.core.settings import TrainingSettings
+    from tracefix.trainer import model as models
+    from tracefix.trainer.recipes import load_policy
 
     torch.set_num_threads(arguments.threads)
     model_dir = models.resolve(arguments.model, Path(arguments.cache))

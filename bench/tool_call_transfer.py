@@ -20,11 +20,11 @@ from examples.airline.database import Database  # noqa: E402
 from examples.airline.instructions import SYSTEM_INSTRUCTIONS  # noqa: E402
 from examples.airline.tasks import make_tasks  # noqa: E402
 from examples.airline.tools import TOOLS  # noqa: E402
-from trainer import model as models  # noqa: E402
-from trainer.environment import Environment, load_tools, parse_assistant, render_system_prompt  # noqa: E402
-from trainer.families import load_families  # noqa: E402
-from daemon.core.settings import TrainingSettings  # noqa: E402
-from trainer.recipes import train  # noqa: E402
+from tracefix.trainer import model as models  # noqa: E402
+from tracefix.trainer.environment import Environment, load_tools, parse_assistant, render_system_prompt  # noqa: E402
+from tracefix.trainer.families import load_families  # noqa: E402
+from tracefix.daemon.core.settings import TrainingSettings  # noqa: E402
+from tracefix.trainer.recipes import train  # noqa: E402
 
 
 def tool_calls(model: Any, tokenizer: Any, openings: list[str], system: str, max_new_tokens: int) -> int:

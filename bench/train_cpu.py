@@ -23,13 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from examples.airline.tools import TOOLS as AIRLINE_TOOLS  # noqa: E402
 from examples.traffic import TOOLS as TRAFFIC_TOOLS  # noqa: E402
-from trainer import model as models  # noqa: E402
-from trainer.environment import Environment, Family, Instance, Tool, load_tools  # noqa: E402
-from trainer.evaluation import score  # noqa: E402
-from trainer.families import load_families  # noqa: E402
-from trainer.recipes import train  # noqa: E402
-from daemon.core.settings import TrainingSettings  # noqa: E402
-from trainer.rollouts import Sampling  # noqa: E402
+from tracefix.trainer import model as models  # noqa: E402
+from tracefix.trainer.environment import Environment, Family, Instance, Tool, load_tools  # noqa: E402
+from tracefix.trainer.evaluation import score  # noqa: E402
+from tracefix.trainer.families import load_families  # noqa: E402
+from tracefix.trainer.recipes import train  # noqa: E402
+from tracefix.daemon.core.settings import TrainingSettings  # noqa: E402
+from tracefix.trainer.rollouts import Sampling  # noqa: E402
 
 
 TOOL_SETS = {"traffic": TRAFFIC_TOOLS, "airline": AIRLINE_TOOLS}

@@ -26,9 +26,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import airline_model  # noqa: E402
-from daemon.core.settings import TrainingSettings  # noqa: E402
-from trainer.recipes import lora_config  # noqa: E402
-from trainer.rollouts import demonstration  # noqa: E402
+from tracefix.daemon.core.settings import TrainingSettings  # noqa: E402
+from tracefix.trainer.recipes import lora_config  # noqa: E402
+from tracefix.trainer.rollouts import demonstration  # noqa: E402
 
 
 def main() -> None:
@@ -40,8 +40,8 @@ def main() -> None:
     import torch
     from peft import get_peft_model
 
-    from trainer import output_layer
-    from trainer.shared_prefix import shared_prefix_length, shared_prefix_loss
+    from tracefix.trainer import output_layer
+    from tracefix.trainer.shared_prefix import shared_prefix_length, shared_prefix_loss
 
     tokenizer, base, environment = airline_model.load(arguments)
     model = get_peft_model(base, lora_config(TrainingSettings()))

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from daemon.core.semconv import EVALUATION_EVENT, decoded
+from tracefix.daemon.core.semconv import EVALUATION_EVENT, decoded
 
 # Spacing of the made-up clock: benchmark files carry no timestamps, only the order of messages.
 _STEP_NS = 1_000_000_000

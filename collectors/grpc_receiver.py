@@ -15,11 +15,11 @@ import grpc
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from collectors.ingest import Ingestor, Pending
-from collectors.otlp import PayloadError, parse_logs_protobuf, parse_traces_protobuf
-from daemon.core import metrics
-from daemon.store.writer import Overloaded, WriterStopped
-from daemon.core.auth import bearer_matches
+from tracefix.collectors.ingest import Ingestor, Pending
+from tracefix.collectors.otlp import PayloadError, parse_logs_protobuf, parse_traces_protobuf
+from tracefix.daemon.core import metrics
+from tracefix.daemon.store.writer import Overloaded, WriterStopped
+from tracefix.daemon.core.auth import bearer_matches
 
 _COMMIT_TIMEOUT_S = 60.0
 

@@ -21,17 +21,17 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from collectors.ingest import Ingestor, Pending
-from collectors.otlp import (
+from tracefix.collectors.ingest import Ingestor, Pending
+from tracefix.collectors.otlp import (
     PayloadError,
     parse_logs_json,
     parse_logs_protobuf,
     parse_traces_json,
     parse_traces_protobuf,
 )
-from daemon.core import metrics
-from daemon.store.writer import Overloaded, WriterStopped
-from daemon.core.auth import bearer_matches
+from tracefix.daemon.core import metrics
+from tracefix.daemon.store.writer import Overloaded, WriterStopped
+from tracefix.daemon.core.auth import bearer_matches
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"

@@ -17,9 +17,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from collectors.otlp import Decoded, Limits, decode_logs, decode_spans
-from daemon.core import metrics
-from daemon.store.writer import BatchedWriter
+from tracefix.collectors.otlp import Decoded, Limits, decode_logs, decode_spans
+from tracefix.daemon.core import metrics
+from tracefix.daemon.store.writer import BatchedWriter
 
 Signal = Literal["traces", "logs"]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from collectors.agent_runs import AgentRun, RunFormatError
+from tracefix.collectors.agent_runs import AgentRun, RunFormatError
 
 ROLES = ("system", "user", "assistant", "tool")
 REWARDS = {"success": 1.0, "failure": 0.0, None: None}

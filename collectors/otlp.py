@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from collectors.dialects import conversation_id
+from tracefix.collectors.dialects import conversation_id
 
 SPAN_COLUMNS = (
     "trace_id", "span_id", "parent_span_id", "trace_state", "name", "kind",

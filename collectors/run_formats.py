@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from collectors.agent_runs import AgentRun, RunFormatError, load_tools
-from collectors.messages_format import read_messages
-from collectors.tau2_bench import read_tau2_bench
-from collectors.tau_bench import read_tau_bench
+from tracefix.collectors.agent_runs import AgentRun, RunFormatError, load_tools
+from tracefix.collectors.messages_format import read_messages
+from tracefix.collectors.tau2_bench import read_tau2_bench
+from tracefix.collectors.tau_bench import read_tau_bench
 
 READERS = {"tau-bench": read_tau_bench, "tau2-bench": read_tau2_bench, "messages": read_messages}
 FORMATS = tuple(READERS)

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from collectors.agent_runs import AgentRun, RunFormatError, load_json
+from tracefix.collectors.agent_runs import AgentRun, RunFormatError, load_json
 
 _UNSAFE_ID = re.compile(r"[^A-Za-z0-9_./:-]+")
 # ToolSignature.doc is the tool rendered as Python source: `def name(...):\n    """docstring"""`.

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from collectors.agent_runs import AgentRun, RunFormatError, load_json
+from tracefix.collectors.agent_runs import AgentRun, RunFormatError, load_json
 
 
 def read_tau_bench(path: Path, tools: list[dict[str, Any]] | None = None) -> Iterator[AgentRun]:

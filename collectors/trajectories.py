@@ -16,12 +16,12 @@ from typing import Any
 
 import orjson
 
-from collectors.dialects import Message, SpanView, ToolExecution, interpret
-from daemon.core import metrics
-from daemon.core.semconv import EVALUATION_EVENT, decoded, event_attributes
-from daemon.core.settings import AssemblerSettings, OutcomeSettings
-from daemon.store.store import DerivedRows, Store
-from daemon.store.traces import (
+from tracefix.collectors.dialects import Message, SpanView, ToolExecution, interpret
+from tracefix.daemon.core import metrics
+from tracefix.daemon.core.semconv import EVALUATION_EVENT, decoded, event_attributes
+from tracefix.daemon.core.settings import AssemblerSettings, OutcomeSettings
+from tracefix.daemon.store.store import DerivedRows, Store
+from tracefix.daemon.store.traces import (
     MessageRow, OutcomeRow, ToolCallRow, ToolDefinitionRow, TraceMapRow, TrajectoryRow, TrajectoryToolRow,
 )  # fmt: skip
 

@@ -10,17 +10,17 @@ import sys
 from pathlib import Path
 
 # `streamlit run` puts this folder, not the repository, on sys.path; a source checkout that is not
-# installed still finds the `dashboard` and `daemon` packages.
-_REPOSITORY = str(Path(__file__).resolve().parent.parent)
-if _REPOSITORY not in sys.path:
-    sys.path.insert(1, _REPOSITORY)
+# installed still finds the `tracefix` package (tracefix/__init__.py beside this folder).
+_REPOSITORY = Path(__file__).resolve().parent.parent
+if (_REPOSITORY / "tracefix" / "__init__.py").is_file() and str(_REPOSITORY) not in sys.path:
+    sys.path.insert(1, str(_REPOSITORY))
 
 import streamlit as st  # noqa: E402
 
-from daemon.core.settings import ConfigError  # noqa: E402
-from daemon.app.client import ApiError  # noqa: E402
-from dashboard import identity  # noqa: E402
-from dashboard.page import PageContext, connect  # noqa: E402
+from tracefix.daemon.core.settings import ConfigError  # noqa: E402
+from tracefix.daemon.app.client import ApiError  # noqa: E402
+from tracefix.dashboard import identity  # noqa: E402
+from tracefix.dashboard.page import PageContext, connect  # noqa: E402
 
 st.set_page_config(page_title="tracefix", page_icon=":material/healing:", layout="wide")
 

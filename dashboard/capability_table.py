@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard.page import interval
+from tracefix.dashboard.page import interval
 
 TREND_POINTS = 40
 MISSING = "—"  # shown for a statistic without data (ER+ when no successful run needed the capability)

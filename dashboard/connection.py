@@ -10,8 +10,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from daemon.app.client import daemon_url
-from daemon.core.settings import Settings, load_settings
+from tracefix.daemon.app.client import daemon_url
+from tracefix.daemon.core.settings import Settings, load_settings
 
 # `tracefix dashboard --config PATH` hands the path to the app as `-- --config PATH`; tests and
 # other launchers may name it in this variable instead.

@@ -11,10 +11,10 @@ from urllib.parse import quote
 import pandas as pd
 import streamlit as st
 
-from daemon.app.client import ApiError, DaemonClient
-from daemon.core import generalist
-from dashboard import charts, conversation
-from dashboard.page import interval, rate
+from tracefix.daemon.app.client import ApiError, DaemonClient
+from tracefix.daemon.core import generalist
+from tracefix.dashboard import charts, conversation
+from tracefix.dashboard.page import interval, rate
 
 LEARNED_FROM = "learned from"
 HELD_OUT = "held out"

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from daemon.core.auth import api_token
-from daemon.core.settings import Settings
+from tracefix.daemon.core.auth import api_token
+from tracefix.daemon.core.settings import Settings
 
 TOKEN_KEY = "tracefix_personal_token"  # the session's own token, in st.session_state
 

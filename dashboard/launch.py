@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from daemon.core.settings import DashboardSettings
+from tracefix.daemon.core.settings import DashboardSettings
 
 APP = Path(__file__).resolve().with_name("app.py")
 

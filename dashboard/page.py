@@ -10,10 +10,10 @@ from typing import Any
 
 import streamlit as st
 
-from daemon.app.client import ApiError, DaemonClient
-from daemon.core.settings import ConfigError, Settings
-from dashboard.connection import START_ADVICE, api_url, load
-from dashboard.identity import Identity, identity
+from tracefix.daemon.app.client import ApiError, DaemonClient
+from tracefix.daemon.core.settings import ConfigError, Settings
+from tracefix.dashboard.connection import START_ADVICE, api_url, load
+from tracefix.dashboard.identity import Identity, identity
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from daemon.core.settings import Settings
-from router import metrics
-from trainer import adapters, prefix_cache
-from trainer import model as models
+from tracefix.daemon.core.settings import Settings
+from tracefix.router import metrics
+from tracefix.trainer import adapters, prefix_cache
+from tracefix.trainer import model as models
 
 log = logging.getLogger(__name__)
 
@@ -387,7 +387,7 @@ class EmbeddedBackend:
             self._gate.remove()
             self._gate, self._gate_spec = None, None
         if gate is not None and self._gate is None:
-            from trainer.gate import GatedExperts
+            from tracefix.trainer.gate import GatedExperts
 
             gated = GatedExperts(self.model, list(gate.adapters))
             try:
@@ -610,7 +610,7 @@ def _full_attention(config: Any) -> bool:
     """Whether every layer of the model's key/value cache keeps all of its tokens (no sliding window)."""
     from transformers import DynamicCache
 
-    from trainer.opening_attention import shareable
+    from tracefix.trainer.opening_attention import shareable
 
     return shareable(DynamicCache(config=config))
 

@@ -15,9 +15,9 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from daemon.core import generalist
-from router.backend import Sampling, held_back
-from trainer.environment import assistant_call, load_tools, parse_assistant, render_system_prompt
+from tracefix.daemon.core import generalist
+from tracefix.router.backend import Sampling, held_back
+from tracefix.trainer.environment import assistant_call, load_tools, parse_assistant, render_system_prompt
 
 TOOL_TAG = "<tool_call>"
 

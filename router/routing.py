@@ -45,11 +45,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from daemon.core import generalist, tracks
-from router import metrics
-from router.backend import AdapterConflict, Backend, BackendUnavailable, GateSpec
-from router.split import Split
-from trainer.adapters import AdapterRejected, read_manifest
+from tracefix.daemon.core import generalist, tracks
+from tracefix.router import metrics
+from tracefix.router.backend import AdapterConflict, Backend, BackendUnavailable, GateSpec
+from tracefix.router.split import Split
+from tracefix.trainer.adapters import AdapterRejected, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -515,7 +515,7 @@ class RoutingTable:
                 "cannot mix adapters token by token; use classifier, fixed or off with backend 'vllm'"
             )
         try:
-            from trainer.gate import gate_adapters
+            from tracefix.trainer.gate import gate_adapters
         except Exception as error:  # missing or broken, the caller's answer is the same
             raise RoutingError(f"routing mode 'gate' needs trainer.gate, which cannot be imported: {error}") from None
         if not path:

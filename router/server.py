@@ -18,14 +18,14 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from daemon.core.auth import router_token
-from daemon.core.settings import ConfigError, Settings
-from daemon.core.sockets import bind
-from router.backend import Backend, EmbeddedBackend
-from router.protocol import ApiError
-from router.routes import admin, chat, errors, health, models
-from router.routing import RoutingTable
-from router.telemetry import Telemetry, spans_endpoint
+from tracefix.daemon.core.auth import router_token
+from tracefix.daemon.core.settings import ConfigError, Settings
+from tracefix.daemon.core.sockets import bind
+from tracefix.router.backend import Backend, EmbeddedBackend
+from tracefix.router.protocol import ApiError
+from tracefix.router.routes import admin, chat, errors, health, models
+from tracefix.router.routing import RoutingTable
+from tracefix.router.telemetry import Telemetry, spans_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def serve(settings: Settings) -> None:
     if settings.router.backend == "embedded":
         backend = EmbeddedBackend.from_settings(settings)
     elif settings.router.backend == "vllm":
-        from router.vllm import VllmBackend
+        from tracefix.router.vllm import VllmBackend
 
         backend = VllmBackend.from_settings(settings)
     else:

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from daemon.core.settings import RouterSettings, Settings
+from tracefix.daemon.core.settings import RouterSettings, Settings
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from typing import Any
 import httpx
 import orjson
 
-from daemon.core.settings import Settings
-from router.backend import (
+from tracefix.daemon.core.settings import Settings
+from tracefix.router.backend import (
     AdapterConflict,
     BackendUnavailable,
     Delta,
@@ -45,8 +45,8 @@ from router.backend import (
     chat_token_ids,
     first_token_id,
 )
-from trainer import adapters
-from trainer import model as models
+from tracefix.trainer import adapters
+from tracefix.trainer import model as models
 
 log = logging.getLogger(__name__)
 

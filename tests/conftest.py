@@ -79,7 +79,7 @@ class RunningDaemon:
     def start(self, timeout_s: float = 30.0) -> RunningDaemon:
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "daemon.app.cli", "daemon", "--config", str(self.config_path)],
+            [sys.executable, "-m", "tracefix.daemon.app.cli", "daemon", "--config", str(self.config_path)],
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -184,7 +184,7 @@ def smollm2_tokenizer() -> Any:
     import transformers  # noqa: F401  (installed by make test: never skipped)
     from transformers import AutoTokenizer
 
-    from trainer.model import embedded_gguf
+    from tracefix.trainer.model import embedded_gguf
 
     gguf = embedded_gguf()
     return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -194,7 +194,7 @@ def smollm2_tokenizer() -> Any:
 def tiny_model(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer: Any) -> Path:
     """A 2-layer random Llama directory with SmolLM2's tokenizer: real model code paths in seconds.
     Shared by the whole session, so tests only read it."""
-    from trainer.model import tiny_random_model
+    from tracefix.trainer.model import tiny_random_model
 
     return tiny_random_model(tmp_path_factory.mktemp("tiny"), smollm2_tokenizer)
 
@@ -203,7 +203,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer: Any)
 def wide_tiny_model(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer: Any) -> Path:
     """``tiny_model`` with a wide initializer: logits with range, so greedy choices are not ties
     and generated text tells models apart. Shared by the whole session, so tests only read it."""
-    from trainer.model import tiny_random_model
+    from tracefix.trainer.model import tiny_random_model
 
     return tiny_random_model(tmp_path_factory.mktemp("wide-tiny"), smollm2_tokenizer, initializer_range=0.2)
 
@@ -245,9 +245,9 @@ def serving_router(config: Path) -> Iterator[tuple[str, Any, Any]]:
 
     import uvicorn
 
-    from daemon.core.settings import load_settings
-    from router.backend import EmbeddedBackend
-    from router.server import create_app
+    from tracefix.daemon.core.settings import load_settings
+    from tracefix.router.backend import EmbeddedBackend
+    from tracefix.router.server import create_app
 
     settings = load_settings(config)
     backend = EmbeddedBackend.from_settings(settings)

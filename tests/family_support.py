@@ -13,8 +13,8 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-from trainer.environment import Family, Instance, Message, Rollout, Tool, load_tools, rollout, solution_policy
-from trainer.world import properties
+from tracefix.trainer.environment import Family, Instance, Message, Rollout, Tool, load_tools, rollout, solution_policy
+from tracefix.trainer.world import properties
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "tools"

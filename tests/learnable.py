@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trainer.environment import Family, Instance, Message, StepResult, Tool, assistant_text
+from tracefix.trainer.environment import Family, Instance, Message, StepResult, Tool, assistant_text
 
 
 class LetterInstance(Instance):

@@ -14,7 +14,7 @@ def make_adapter(base_dir: Path, directory: Path, capability: str, version: int,
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from trainer import adapters
+    from tracefix.trainer import adapters
 
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir), LoraConfig(r=4, target_modules=TARGETS))
     generator = torch.Generator().manual_seed(seed)

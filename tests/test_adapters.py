@@ -20,8 +20,8 @@ import peft  # noqa: F401  (installed by make test: never skipped)
 
 from peft import LoraConfig, PeftModel, get_peft_model, get_peft_model_state_dict  # noqa: E402
 
-from trainer import adapters  # noqa: E402
-from trainer.adapters import AdapterRejected  # noqa: E402
+from tracefix.trainer import adapters  # noqa: E402
+from tracefix.trainer.adapters import AdapterRejected  # noqa: E402
 
 INPUT_IDS = torch.tensor([[1, 17, 256, 4096, 30000, 2]])
 

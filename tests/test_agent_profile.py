@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from daemon.analysis.builtin_capabilities import PreconditionVerification
-from daemon.analysis.capabilities import Label
-from daemon.analysis.profile import UNDECIDED, AgentProfile, Observation, Rule, derive, from_instructions, from_observations, unknown_agents
-from daemon.core.settings import AgentSettings, CapabilitySettings, ConfigError, load_settings
+from tracefix.daemon.analysis.builtin_capabilities import PreconditionVerification
+from tracefix.daemon.analysis.capabilities import Label
+from tracefix.daemon.analysis.profile import UNDECIDED, AgentProfile, Observation, Rule, derive, from_instructions, from_observations, unknown_agents
+from tracefix.daemon.core.settings import AgentSettings, CapabilitySettings, ConfigError, load_settings
 from tests.conftest import RunningDaemon, make_daemon, wait_for
 from tests.conversations import Call, Conversation, ConversationSender, Say, User
 from tests.test_labels_on_real_runs import Call as RunCall
@@ -200,7 +200,7 @@ def test_a_daemon_derives_each_agents_profile_serves_it_and_labels_again_when_it
         assert wait_for(lambda: _label(daemon, "todo-100-False-failure").get("label") == "NA", timeout_s=60)
         assert "neither a read nor a confirmation" in _label(daemon, "todo-100-False-failure")["reason"]
         shown = subprocess.run(
-            [sys.executable, "-m", "daemon.app.cli", "agents", "show", "quiet-agent", "--config", str(daemon.config_path)],
+            [sys.executable, "-m", "tracefix.daemon.app.cli", "agents", "show", "quiet-agent", "--config", str(daemon.config_path)],
             capture_output=True, text=True, timeout=60, check=True,
         ).stdout  # fmt: skip
         assert "read_first: no  (observed: read the entity before changing it in 0 of 10 successful runs" in shown
@@ -211,8 +211,8 @@ def test_a_daemon_derives_each_agents_profile_serves_it_and_labels_again_when_it
 
 
 def test_an_error_that_names_the_fix_and_a_tool_never_called_again_is_lacking_error_recovery() -> None:
-    from daemon.analysis.builtin_capabilities import ErrorRecovery
-    from daemon.analysis.capabilities import ToolSpec
+    from tracefix.daemon.analysis.builtin_capabilities import ErrorRecovery
+    from tracefix.daemon.analysis.capabilities import ToolSpec
 
     blocked = "Error: t19 blocks other tasks; call delete_task with force=true to delete it anyway"
     schema = {"type": "object", "properties": {"task_id": {"type": "string"}, "force": {"type": "boolean"}}, "required": ["task_id"]}

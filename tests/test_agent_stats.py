@@ -168,9 +168,9 @@ def test_the_router_is_told_each_tracks_agent_by_its_instructions(two_agents: Ru
     """What the daemon sends with a track's adapter so the router recognises the agent's requests
     that name none: the digests of the agent's own system instructions (read in process, after the
     daemon has stopped: it is the store's only writer while it runs)."""
-    from daemon.app.service import Daemon
-    from daemon.core import tracks
-    from daemon.core.settings import load_settings
+    from tracefix.daemon.app.service import Daemon
+    from tracefix.daemon.core import tracks
+    from tracefix.daemon.core.settings import load_settings
     from tests.conversations import SYSTEM
 
     two_agents.stop()

@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO, make_daemon
 
 from bench.agent_styles import FILES, FIXTURES, HELPDESK_AGENT, TODO_AGENT, render, runs
-from collectors.messages_format import read_messages
+from tracefix.collectors.messages_format import read_messages
 
 CAPABILITIES = {
     "tool_call_precision", "argument_grounding", "precondition_verification", "error_recovery", "multi_step_completion",
@@ -170,7 +170,7 @@ def test_a_subset_of_both_agents_imports_and_gets_every_capability_labeled(tmp_p
     daemon = make_daemon(tmp_path / "daemon", analysis={"interval_s": 0.5}).start()
     try:
         completed = subprocess.run(
-            [sys.executable, "-m", "daemon.app.cli", "import", str(subset), "--format", "messages", "--json",
+            [sys.executable, "-m", "tracefix.daemon.app.cli", "import", str(subset), "--format", "messages", "--json",
              "--config", str(daemon.config_path)],
             cwd=REPO, capture_output=True, text=True, timeout=120,
         )  # fmt: skip

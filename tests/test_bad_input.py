@@ -503,7 +503,7 @@ def test_grpc_raw_valid_request_is_answered_with_an_export_response(guarded: Run
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.168.10.4", "tracefix.internal"])
 def test_a_collector_beyond_loopback_without_a_token_is_refused_unless_the_config_accepts_anyone(host: str) -> None:
-    from daemon.core.settings import CollectorSettings
+    from tracefix.daemon.core.settings import CollectorSettings
 
     with pytest.raises(ValueError, match=rf"binds to {host}, beyond loopback, without a token.*accept_anyone = true"):
         CollectorSettings(host=host)
@@ -521,7 +521,7 @@ def test_the_daemon_bound_beyond_loopback_without_a_token_does_not_start_and_say
     config = tmp_path / "tracefix.toml"
     config.write_text(f'[store]\npath = "{tmp_path / "tracefix.duckdb"}"\n')
     completed = subprocess.run(
-        [sys.executable, "-m", "daemon.app.cli", "daemon", "--config", str(config)],
+        [sys.executable, "-m", "tracefix.daemon.app.cli", "daemon", "--config", str(config)],
         env={**os.environ, "TRACEFIX_COLLECTOR_HOST": "0.0.0.0"}, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert completed.returncode != 0

@@ -26,9 +26,9 @@ from opentelemetry.sdk.resources import Resource  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 
-from daemon.promotion.router_client import RouterAdmin  # noqa: E402
-from daemon.core.settings import StoreSettings, load_settings  # noqa: E402
-from daemon.store.store import Store  # noqa: E402
+from tracefix.daemon.promotion.router_client import RouterAdmin  # noqa: E402
+from tracefix.daemon.core.settings import StoreSettings, load_settings  # noqa: E402
+from tracefix.daemon.store.store import Store  # noqa: E402
 from tests.conftest import RunningDaemon, free_port, make_daemon, wait_for  # noqa: E402
 from tests.lora_support import make_adapter, register_candidate  # noqa: E402
 from tests.otlp_builders import metric, metric_at  # noqa: E402

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from daemon.core.settings import StoreSettings
-from daemon.store.store import Store
+from tracefix.daemon.core.settings import StoreSettings
+from tracefix.daemon.store.store import Store
 from examples.traffic import generate, send
 from tests.conftest import RunningDaemon, free_port, make_daemon, wait_for
 from tests.otlp_builders import metric

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from router.split import MAX_BLOCK, Split, block_size
+from tracefix.router.split import MAX_BLOCK, Split, block_size
 
 
 def test_block_sizes_hold_the_share_exactly_where_a_small_block_can() -> None:

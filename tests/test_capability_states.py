@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from daemon.core.settings import StoreSettings
-from daemon.store.store import AnalysisStore, Store
+from tracefix.daemon.core.settings import StoreSettings
+from tracefix.daemon.store.store import AnalysisStore, Store
 
 
 def test_a_stale_move_is_refused_and_records_nothing(tmp_path: Path) -> None:

@@ -23,11 +23,11 @@ from bench.composition import (
     paired_comparisons,
     render,
 )
-from daemon.app.demo import MODEL_DRIVEN
-from daemon.core import generalist as generalists
-from daemon.core.intervals import mcnemar_p, paired_difference
-from router.protocol import ChatRequest
-from router.routes.chat import latest_user_turn
+from tracefix.daemon.app.demo import MODEL_DRIVEN
+from tracefix.daemon.core import generalist as generalists
+from tracefix.daemon.core.intervals import mcnemar_p, paired_difference
+from tracefix.router.protocol import ChatRequest
+from tracefix.router.routes.chat import latest_user_turn
 from tests.conftest import serving_router
 from tests.lora_support import make_adapter
 
@@ -70,7 +70,7 @@ def two_prompts(choose: Callable[[str], str | None]) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def backend(wide_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     import torch  # noqa: F401  (installed by make test: never skipped)
-    from router.backend import EmbeddedBackend
+    from tracefix.router.backend import EmbeddedBackend
 
     embedded = EmbeddedBackend(str(wide_tiny_model), tmp_path_factory.mktemp("cache"), max_context_tokens=1024)
     yield embedded
@@ -81,7 +81,7 @@ def backend(wide_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 def test_without_holding_conversations_each_request_is_classified_on_its_latest_user_turn(
     backend: Any, adapter: Callable[[str, int], Path], hold: bool
 ) -> None:
-    from router.routing import Classifier, RoutingTable
+    from tracefix.router.routing import Classifier, RoutingTable
 
     table = RoutingTable(backend, "classifier", hold_conversations=hold)
     try:
@@ -123,7 +123,7 @@ def test_the_latest_user_turn_is_the_last_user_message() -> None:
 def test_the_http_router_with_hold_conversations_false_routes_a_conversation_on_its_latest_turn(
     wide_tiny_model: Path, tmp_path: Path, adapter: Callable[[str, int], Path]
 ) -> None:
-    from router.routing import Classifier
+    from tracefix.router.routing import Classifier
 
     config = tmp_path / "tracefix.toml"
     config.write_text(
@@ -172,7 +172,7 @@ def test_the_linear_merge_of_two_adapters_averages_their_lora_matrices(
 ) -> None:
     import torch
 
-    from trainer.adapters import base_model_hash, verify_adapter
+    from tracefix.trainer.adapters import base_model_hash, verify_adapter
 
     inputs = [adapter("billing", 1), adapter("shipping", 1)]
     manifest = {"capability": "merge", "version": 1, "merged_from": ["billing@v1", "shipping@v1"]}

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from daemon.core.contracts import GeneralistRequest, TargetedRequest, training_request
-from daemon.core.settings import Settings
-from daemon.pipeline.training_runner import job_settings, train_config
+from tracefix.daemon.core.contracts import GeneralistRequest, TargetedRequest, training_request
+from tracefix.daemon.core.settings import Settings
+from tracefix.daemon.pipeline.training_runner import job_settings, train_config
 from tests.conftest import REPO
 
 TOOLS = [{"name": "get_order", "description": "Read an order.", "parameters": {"type": "object", "properties": {}}}]
@@ -61,14 +61,14 @@ def test_a_wrong_field_is_refused_by_name(change: dict, named: str) -> None:
 def test_the_trainer_refuses_a_wrong_request_before_loading_anything(tmp_path: Path) -> None:
     request = {key: value for key, value in _targeted().items() if key != "family"}
     (tmp_path / "request.json").write_text(json.dumps(request))
-    command = [sys.executable, "-m", "trainer.train_job", "--request", str(tmp_path / "request.json"), "--run-dir", str(tmp_path / "run")]
+    command = [sys.executable, "-m", "tracefix.trainer.train_job", "--request", str(tmp_path / "request.json"), "--run-dir", str(tmp_path / "run")]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "family: Field required" in done.stderr.splitlines()[-1], done.stderr[-2000:]
     assert not (tmp_path / "run").exists()
 
 
 def test_a_result_is_read_with_its_extras_and_refused_with_the_reason_when_unusable() -> None:
-    from daemon.core.contracts import training_result
+    from tracefix.daemon.core.contracts import training_result
 
     result = {"run_id": 3, "capability": "error_recovery.shop-agent", "verdict": "candidate", "evaluation": {"reasons": []},
               "training": {"recipe": "sft"}, "adapter": "/runs/3/adapter", "steps": 2, "seconds": 9.5, "device": "cpu"}  # fmt: skip

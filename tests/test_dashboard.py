@@ -22,18 +22,18 @@ import httpx
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from daemon.store.runs import RunStore
-from daemon.core.settings import StoreSettings
-from daemon.store.store import AnalysisStore, Store
-from dashboard.routing_stats import expert_rows, snapshot_of
+from tracefix.daemon.store.runs import RunStore
+from tracefix.daemon.core.settings import StoreSettings
+from tracefix.daemon.store.store import AnalysisStore, Store
+from tracefix.dashboard.routing_stats import expert_rows, snapshot_of
 from examples.traffic import TOOLS, generate, send
 from tests.conftest import REPO, RunningDaemon, free_port, make_daemon, wait_for
 from tests.otlp_builders import JSON, json_bytes, json_span, json_traces, new_span_id, post
-from trainer.checks import check
-from trainer.environment import Environment, load_tools
-from trainer.evaluation import Comparison, Score, paired
-from trainer.families import load_families
-from trainer.validation import Attempt, ValidationReport
+from tracefix.trainer.checks import check
+from tracefix.trainer.environment import Environment, load_tools
+from tracefix.trainer.evaluation import Comparison, Score, paired
+from tracefix.trainer.families import load_families
+from tracefix.trainer.validation import Attempt, ValidationReport
 
 APP = str(REPO / "dashboard" / "app.py")
 GAPS = "precondition_verification=0.7:0.05,error_recovery=0.6:0.05"
@@ -234,7 +234,7 @@ def test_health_page_shows_the_daemons_diagnosis_of_failures_no_rule_explains(
 
 def test_the_health_table_keeps_missing_statistics_missing_and_draws_them_as_a_dash() -> None:
     def page() -> None:
-        from dashboard.capability_table import health_table, render_table
+        from tracefix.dashboard.capability_table import health_table, render_table
 
         measured = {
             "er_plus": None, "er_minus": 0.1, "delta": 0.1, "coverage": 0.1, "failure_rate": 1.0,
@@ -542,7 +542,7 @@ def running_dashboard(daemon: RunningDaemon, port: int) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     log_path = daemon.directory / f"dashboard-{port}.log"
     process = subprocess.Popen(
-        [sys.executable, "-m", "daemon.app.cli", "dashboard", "--config", str(daemon.config_path)],
+        [sys.executable, "-m", "tracefix.daemon.app.cli", "dashboard", "--config", str(daemon.config_path)],
         cwd=REPO, stdout=log_path.open("ab"), stderr=subprocess.STDOUT, preexec_fn=die_with_parent,
         env={**os.environ, "TRACEFIX_DASHBOARD_PORT": str(port)},
     )  # fmt: skip

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from daemon.core.intervals import mcnemar_p, paired_difference
-from daemon.core.settings import StoreSettings
-from daemon.store.runs import RunStore
-from daemon.store.store import AnalysisStore, Store
+from tracefix.daemon.core.intervals import mcnemar_p, paired_difference
+from tracefix.daemon.core.settings import StoreSettings
+from tracefix.daemon.store.runs import RunStore
+from tracefix.daemon.store.store import AnalysisStore, Store
 from examples.traffic import SERVICE_NAME, TOOLS, generate, send
 from tests.conftest import RunningDaemon, make_daemon, wait_for
 from tests.test_dashboard import (  # noqa: F401 (browser and chromium are fixtures used by name)
@@ -33,9 +33,9 @@ from tests.test_dashboard import (  # noqa: F401 (browser and chromium are fixtu
     router_down,
     running_dashboard,
 )
-from trainer.environment import Environment, load_tools
-from trainer.families import load_families
-from trainer.next_action import ActionMatch, score_actions
+from tracefix.trainer.environment import Environment, load_tools
+from tracefix.trainer.families import load_families
+from tracefix.trainer.next_action import ActionMatch, score_actions
 
 AGENT = SERVICE_NAME
 GENERALIST = f"generalist.{AGENT}"

@@ -16,8 +16,8 @@ import httpx
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from daemon.core.settings import Settings
-from dashboard.identity import TOKEN_KEY
+from tracefix.daemon.core.settings import Settings
+from tracefix.dashboard.identity import TOKEN_KEY
 from tests.conftest import REPO, RunningDaemon, free_port, make_daemon
 from tests.test_dashboard import APP, router_down, seed_pipeline
 
@@ -108,6 +108,6 @@ def test_a_dashboard_beyond_loopback_without_named_people_refuses_to_start(tmp_p
     config = tmp_path / "open.toml"
     config.write_text(f'[store]\npath = "{tmp_path / "t.duckdb"}"\n[dashboard]\nhost = "0.0.0.0"\nport = {free_port()}\n')
     started = subprocess.run(
-        [sys.executable, "-m", "daemon.app.cli", "dashboard", "--config", str(config)], cwd=REPO, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "tracefix.daemon.app.cli", "dashboard", "--config", str(config)], cwd=REPO, capture_output=True, text=True, timeout=60
     )  # fmt: skip
     assert started.returncode != 0 and "beyond loopback" in started.stderr, started.stderr[-2000:]

@@ -12,9 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM, LogitsProcessorList
 
 from tests.conftest import ending_model
-from trainer.decode import decode
-from trainer.opening_attention import OpeningCache, opening_attention
-from trainer.prefix_cache import layout, prefill
+from tracefix.trainer.decode import decode
+from tracefix.trainer.opening_attention import OpeningCache, opening_attention
+from tracefix.trainer.prefix_cache import layout, prefill
 
 OPENING = "You are the support agent of a small airline. " * 6
 TAILS = ("Cancel my booking.", "Hi", "Which bags may I bring on board, please?", "Refund", "Change my seat to an aisle seat.")

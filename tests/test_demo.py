@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from daemon.app.demo import layered_settings
+from tracefix.daemon.app.demo import layered_settings
 from tests.conftest import REPO, free_port
 
 
@@ -48,7 +48,7 @@ def test_the_demo_runs_the_loop_unattended_to_a_candidate_and_beyond(tmp_path: P
         f"[collector]\nhttp_port = {ports['http']}\ngrpc_port = {ports['grpc']}\n[api]\nport = {ports['api']}\n"
         f"[router]\nport = {ports['router']}\n[dashboard]\nport = {ports['dashboard']}\n"
     )
-    command = [sys.executable, "-m", "daemon.app.cli", "demo", "--config", str(config), "--fast", "--auto-approve", "--minutes", "20",
+    command = [sys.executable, "-m", "tracefix.daemon.app.cli", "demo", "--config", str(config), "--fast", "--auto-approve", "--minutes", "20",
                "--policy", "scripted"]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=1800, env=os.environ)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -79,7 +79,7 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
         # and a margin it cannot meet keeps its path fixed: never offered, then the targeted adapter.
         "[generalist]\nmin_trajectories = 3\nmargin = 0.99\n"
     )
-    command = [sys.executable, "-m", "daemon.app.cli", "demo", "--config", str(config), "--fast", "--auto-approve",
+    command = [sys.executable, "-m", "tracefix.daemon.app.cli", "demo", "--config", str(config), "--fast", "--auto-approve",
                "--minutes", "12", "--after", "3", "--rate", "4", "--report", str(tmp_path / "report.json")]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900, env=os.environ)
     output = done.stderr
@@ -148,7 +148,7 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
 def test_a_capability_selected_without_successes_to_compare_is_narrated_not_fatal() -> None:
     """After an adapter goes live, a capability can be selected whose ER+ has no successful run to
     come from (None in the API): the narration says n/a instead of stopping the demo."""
-    from daemon.app.demo import Narrator, Tally
+    from tracefix.daemon.app.demo import Narrator, Tally
 
     lines: list[str] = []
     narrator = Narrator(None, Tally(), False, "http://127.0.0.1:8501", lines.append)  # type: ignore[arg-type]
@@ -181,7 +181,7 @@ def test_an_environment_is_narrated_with_what_the_gate_measured(
 ) -> None:
     """A rejected environment is not a dead end when the warm start is on: the narration says why the
     gate decided and what happens next, instead of a bare status."""
-    from daemon.app.demo import Narrator, Tally
+    from tracefix.daemon.app.demo import Narrator, Tally
 
     lines: list[str] = []
     narrator = Narrator(None, Tally(), False, "http://127.0.0.1:8501", lines.append, warm_start=warm_start)  # type: ignore[arg-type]
@@ -195,7 +195,7 @@ def test_conversations_during_the_canary_count_neither_before_nor_after() -> Non
     """'Before' is the base alone: once a canary routes a share of the traffic to the adapter, the
     conversations that finish go to their own bucket until it is live; a canary that ends without
     going live hands the traffic back to the base, and 'before' again."""
-    from daemon.app.demo import Narrator, Tally
+    from tracefix.daemon.app.demo import Narrator, Tally
 
     lines: list[str] = []
     tally = Tally()
@@ -224,7 +224,7 @@ def test_with_two_adapters_wanted_each_gets_its_periods_and_after_waits_for_both
     both adapters are live."""
     import threading
 
-    from daemon.app.demo import Narrator, Tally
+    from tracefix.daemon.app.demo import Narrator, Tally
 
     lines: list[str] = []
     tally, hold = Tally(), threading.Event()
@@ -253,7 +253,7 @@ def test_a_run_whose_time_ends_before_after_still_closes_with_what_it_measured()
     """With two adapters wanted and the time up while the second trains, the periods reached are
     reported and the ones not reached say so (the closing line once raised on the missing 'after',
     and the run lost its report)."""
-    from daemon.app.demo import lacking_text
+    from tracefix.daemon.app.demo import lacking_text
 
     measured = {
         "capability": "tool_call_precision",
@@ -271,7 +271,7 @@ def test_the_generalist_has_periods_of_its_own_before_the_targeted_adapters() ->
     """Before (the base alone) → the generalist's canary → the generalist alone → the targeted
     adapter's canary → after (both): each conversation counts in the period it finished in, and task
     success is compared paired on the same goals (each goal's first conversation in each period)."""
-    from daemon.app.demo import Narrator, Tally, success_text
+    from tracefix.daemon.app.demo import Narrator, Tally, success_text
 
     lines: list[str] = []
     tally = Tally()
@@ -307,7 +307,7 @@ def test_the_generalist_has_periods_of_its_own_before_the_targeted_adapters() ->
 
 
 def test_a_generalist_candidate_is_narrated_by_its_next_actions() -> None:
-    from daemon.app.demo import candidate_text
+    from tracefix.daemon.app.demo import candidate_text
 
     rate = lambda value, low, high: {"rate": value, "interval": [low, high]}  # noqa: E731
     evaluation = {"kind": "next_action", "learned_from": 32, "turns": 40, "adapter": {"matched": rate(0.6, 0.45, 0.74)},
@@ -318,7 +318,7 @@ def test_a_generalist_candidate_is_narrated_by_its_next_actions() -> None:
 
 
 def test_a_targeted_candidate_from_the_generalist_is_narrated_against_it_with_what_it_kept() -> None:
-    from daemon.app.demo import candidate_text
+    from tracefix.daemon.app.demo import candidate_text
 
     rate = lambda value: {"rate": value, "interval": [value - 0.1, value + 0.1]}  # noqa: E731
     target = {"adapter": {"success_rate": 0.46}, "base": {"success_rate": 0.02}}

@@ -8,8 +8,8 @@ from __future__ import annotations
 import threading
 import time
 
-from daemon.app.demo import PANEL_BATCH, Stream, Tally, Traffic
-from daemon.core.settings import Settings
+from tracefix.daemon.app.demo import PANEL_BATCH, Stream, Tally, Traffic
+from tracefix.daemon.core.settings import Settings
 
 SCRIPTED = {"policy": "scripted", "collector": None, "conversations": PANEL_BATCH, "concurrency": 2, "rate": 0.0}
 

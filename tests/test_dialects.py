@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from collectors.dialects import (
+from tracefix.collectors.dialects import (
     Message,
     SpanView,
     ToolCallRequest,
@@ -921,7 +921,7 @@ def test_junk_input_never_raises(caplog: pytest.LogCaptureFixture) -> None:
         },
         {"name": "exception", "attributes": {"exception.message": 7}},
     ]
-    with caplog.at_level(logging.WARNING, logger="collectors.dialects"):
+    with caplog.at_level(logging.WARNING, logger="tracefix.collectors.dialects"):
         for value in JUNK_VALUES:
             for key in JUNK_KEYS:
                 for operation in (None, "chat", "execute_tool"):

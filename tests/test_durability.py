@@ -122,7 +122,7 @@ def test_second_daemon_on_the_same_database_exits_with_a_message_instead_of_a_tr
     try:
         second = make_daemon(tmp_path / "second", store={"path": str(first.db_path)})
         completed = subprocess.run(
-            [sys.executable, "-m", "daemon.app.cli", "daemon", "--config", str(second.config_path)],
+            [sys.executable, "-m", "tracefix.daemon.app.cli", "daemon", "--config", str(second.config_path)],
             cwd=REPO,
             capture_output=True,
             text=True,

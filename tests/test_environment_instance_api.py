@@ -10,12 +10,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from daemon.core.settings import StoreSettings
-from daemon.store.store import AnalysisStore, Store
+from tracefix.daemon.core.settings import StoreSettings
+from tracefix.daemon.store.store import AnalysisStore, Store
 from examples.traffic import TOOLS
 from tests.conftest import RunningDaemon, make_daemon
-from trainer.checks import check
-from trainer.families import build_environment
+from tracefix.trainer.checks import check
+from tracefix.trainer.families import build_environment
 
 DEFINITIONS = [{"name": tool["name"], "description": tool["description"], "parameters": tool["parameters"]} for tool in TOOLS]
 

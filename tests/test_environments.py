@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.environment import Environment, load_tools, parse_assistant, rollout, solution_policy
-from trainer.families import load_families
+from tracefix.trainer.environment import Environment, load_tools, parse_assistant, rollout, solution_policy
+from tracefix.trainer.families import load_families
 
 REPO = Path(__file__).resolve().parent.parent
 TOOL_SETS = {name: REPO / "tests" / "fixtures" / "tools" / f"{name}.json" for name in ("airline", "retail")}
@@ -32,7 +32,7 @@ def test_all_six_families_are_registered_as_plugins() -> None:
 @pytest.mark.parametrize("capability", CAPABILITIES)
 def test_envs_check_passes_on_both_tool_sets(capability: str, tool_set: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "daemon.app.cli", "envs", "check", capability, "--seeds", "30",
+        [sys.executable, "-m", "tracefix.daemon.app.cli", "envs", "check", capability, "--seeds", "30",
          "--tools", str(TOOL_SETS[tool_set]), "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -55,7 +55,7 @@ def test_instances_speak_the_target_tools_only(capability: str) -> None:
 
 def test_envs_sample_prints_an_instance_with_its_solution() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "daemon.app.cli", "envs", "sample", "precondition_verification", "--seed", "5",
+        [sys.executable, "-m", "tracefix.daemon.app.cli", "envs", "sample", "precondition_verification", "--seed", "5",
          "--tools", str(TOOL_SETS["retail"]), "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
@@ -68,7 +68,7 @@ def test_envs_check_reports_bad_tool_files_clearly(tmp_path: Path) -> None:
     bad = tmp_path / "tools.json"
     bad.write_text("{not json")
     result = subprocess.run(
-        [sys.executable, "-m", "daemon.app.cli", "envs", "check", "tool_call_precision", "--tools", str(bad)],
+        [sys.executable, "-m", "tracefix.daemon.app.cli", "envs", "check", "tool_call_precision", "--tools", str(bad)],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode != 0 and "not JSON" in result.stderr and "Traceback" not in result.stderr
@@ -106,8 +106,8 @@ def test_rollout_marks_which_messages_the_policy_wrote() -> None:
 def test_the_settings_decide_which_tools_change_state_for_the_environments_too(tmp_path: Path) -> None:
     """A write whose name no default prefix matches (resolve_ticket) is unknown until [capabilities]
     state_changing_tools names it; then precondition_verification builds on it, as its labeler judges it."""
-    from daemon.core.settings import CapabilitySettings
-    from trainer import world
+    from tracefix.daemon.core.settings import CapabilitySettings
+    from tracefix.trainer import world
 
     tools = [
         {"name": "get_ticket", "description": "Fetch a ticket.",
@@ -117,7 +117,7 @@ def test_the_settings_decide_which_tools_change_state_for_the_environments_too(t
     ]  # fmt: skip
     path = tmp_path / "tickets.json"
     path.write_text(json.dumps(tools))
-    command = [sys.executable, "-m", "daemon.app.cli", "envs", "check", "precondition_verification", "--seeds", "20", "--tools", str(path)]
+    command = [sys.executable, "-m", "tracefix.daemon.app.cli", "envs", "check", "precondition_verification", "--seeds", "20", "--tools", str(path)]
     unmarked = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert unmarked.returncode != 0 and "state-changing" in unmarked.stdout + unmarked.stderr
     config = tmp_path / "tickets.toml"

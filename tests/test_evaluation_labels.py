@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import RunningDaemon, make_daemon, wait_for
 
-from daemon.core.settings import ConfigError, load_settings
+from tracefix.daemon.core.settings import ConfigError, load_settings
 from otlp_builders import (
     GET_ARGUMENTS,
     ORDER_RECORD,

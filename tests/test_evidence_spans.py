@@ -13,7 +13,7 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from collectors.agent_runs import AgentRun, trace_request
+from tracefix.collectors.agent_runs import AgentRun, trace_request
 from tests.conftest import make_daemon
 
 TOOLS = [

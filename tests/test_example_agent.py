@@ -297,7 +297,7 @@ def router_stack(tmp_path: Path, tiny_model: Path) -> Iterator[tuple[RunningDaem
     url = f"http://127.0.0.1:{daemon.sections['router']['port']}"
     log = (tmp_path / "router.log").open("ab")
     router = subprocess.Popen(
-        [sys.executable, "-m", "daemon.app.cli", "router", "--config", str(daemon.config_path)],
+        [sys.executable, "-m", "tracefix.daemon.app.cli", "router", "--config", str(daemon.config_path)],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     try:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from trainer.environment import Environment, assistant_call, assistant_text, load_tools, rollout, solution_policy
-from trainer.families.argument_grounding import ArgumentGroundingFamily, chains
-from trainer.simulation import schema_error
+from tracefix.trainer.environment import Environment, assistant_call, assistant_text, load_tools, rollout, solution_policy
+from tracefix.trainer.families.argument_grounding import ArgumentGroundingFamily, chains
+from tracefix.trainer.simulation import schema_error
 
 from tests.family_support import TOOL_SETS, UNREADABLE_TURNS, cases, play, solved
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from trainer.environment import (
+from tracefix.trainer.environment import (
     Environment,
     Family,
     noop_policy,
@@ -21,12 +21,12 @@ from trainer.environment import (
     render_system_prompt,
     rollout,
 )
-from trainer.families.argument_grounding import ArgumentGroundingFamily
-from trainer.families.error_recovery import ErrorRecoveryFamily
-from trainer.families.multi_step_completion import MultiStepCompletionFamily
-from trainer.families.precondition_verification import PreconditionVerificationFamily
-from trainer.families.structured_data_reasoning import StructuredDataReasoningFamily
-from trainer.families.tool_call_precision import ToolCallPrecisionFamily
+from tracefix.trainer.families.argument_grounding import ArgumentGroundingFamily
+from tracefix.trainer.families.error_recovery import ErrorRecoveryFamily
+from tracefix.trainer.families.multi_step_completion import MultiStepCompletionFamily
+from tracefix.trainer.families.precondition_verification import PreconditionVerificationFamily
+from tracefix.trainer.families.structured_data_reasoning import StructuredDataReasoningFamily
+from tracefix.trainer.families.tool_call_precision import ToolCallPrecisionFamily
 
 from tests.family_support import (
     MALFORMED_TURNS,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.environment import Environment, load_tools
-from trainer.families import UnknownFamily, build_environment, find_family, load_families
+from tracefix.trainer.environment import Environment, load_tools
+from tracefix.trainer.families import UnknownFamily, build_environment, find_family, load_families
 
 AIRLINE = Path(__file__).resolve().parent / "fixtures" / "tools" / "airline.json"
 

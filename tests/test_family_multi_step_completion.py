@@ -9,9 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
-from trainer.environment import Message, assistant_call, assistant_text, load_tools, rollout, solution_policy
-from trainer.families.multi_step_completion import SYSTEM_INSTRUCTIONS, MultiStepCompletionFamily, MultiStepCompletionInstance
-from trainer.world import Values, is_write, key_parameters, properties, required
+from tracefix.trainer.environment import Message, assistant_call, assistant_text, load_tools, rollout, solution_policy
+from tracefix.trainer.families.multi_step_completion import SYSTEM_INSTRUCTIONS, MultiStepCompletionFamily, MultiStepCompletionInstance
+from tracefix.trainer.world import Values, is_write, key_parameters, properties, required
 
 from tests.family_support import TOOL_SETS, cases, play, solved, transcript
 
@@ -237,7 +237,7 @@ def test_unusable_tool_sets() -> None:
 
 
 def test_tool_order_seen_earlier_does_not_change_an_instance() -> None:
-    from trainer.families import multi_step_completion
+    from tracefix.trainer.families import multi_step_completion
 
     expected = [transcript(FAMILY, "retail", seed, 2) for seed in range(6)]
     multi_step_completion._CHAIN_CACHE.clear()

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from trainer.environment import Message, assistant_call, assistant_text, noop_policy, rollout
-from trainer.families.precondition_verification import PreconditionVerificationFamily, asks_confirmation, mentions
-from trainer.world import id_parameters, is_write
+from tracefix.trainer.environment import Message, assistant_call, assistant_text, noop_policy, rollout
+from tracefix.trainer.families.precondition_verification import PreconditionVerificationFamily, asks_confirmation, mentions
+from tracefix.trainer.world import id_parameters, is_write
 
 from tests.family_support import TOOL_SETS, assert_each_case_earns, cases, perturbed, solved
 

@@ -8,15 +8,15 @@ from decimal import Decimal
 import orjson
 import pytest
 
-from trainer.environment import Message, assistant_call, assistant_text, load_tools, rollout, solution_policy
-from trainer.families.structured_data_reasoning import (
+from tracefix.trainer.environment import Message, assistant_call, assistant_text, load_tools, rollout, solution_policy
+from tracefix.trainer.families.structured_data_reasoning import (
     SYSTEM_INSTRUCTIONS,
     StructuredDataReasoningFamily,
     StructuredDataReasoningInstance,
     money,
     numbers_in,
 )
-from trainer.world import is_read
+from tracefix.trainer.world import is_read
 
 from tests.family_support import TOOL_SETS, cases, play, solved
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from trainer.environment import Environment, assistant_call, assistant_text, load_tools
-from trainer.families.tool_call_precision import LOOKUP_SHARE, ToolCallPrecisionFamily, lookup_reads
-from trainer.simulation import schema_error
-from trainer.world import Values, properties, required
+from tracefix.trainer.environment import Environment, assistant_call, assistant_text, load_tools
+from tracefix.trainer.families.tool_call_precision import LOOKUP_SHARE, ToolCallPrecisionFamily, lookup_reads
+from tracefix.trainer.simulation import schema_error
+from tracefix.trainer.world import Values, properties, required
 
-from trainer.families._shared import phrase
+from tracefix.trainer.families._shared import phrase
 
 from tests.family_support import TOOL_SETS, cases, play, solved
 

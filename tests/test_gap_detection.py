@@ -98,7 +98,7 @@ def test_each_real_gap_triggers_one_training_request_and_gets_a_checked_environm
 
 def test_cli_shows_the_selected_capabilities_with_evidence(loaded: tuple[RunningDaemon, list]) -> None:
     daemon, _ = loaded
-    command = [sys.executable, "-m", "daemon.app.cli"]
+    command = [sys.executable, "-m", "tracefix.daemon.app.cli"]
     shown = subprocess.run(
         [*command, "capabilities", "--json", "--config", str(daemon.config_path)],
         cwd=REPO, capture_output=True, text=True, timeout=60, check=True,

@@ -18,10 +18,10 @@ from peft.tuners.lora import Linear as LoraLinear  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from trainer.gate import GatedExperts, GateMismatch, gate_adapters  # noqa: E402
-from trainer import model as models  # noqa: E402
-from trainer.gate_training import IGNORE, GateExample, examples_from_trajectories, train_gate  # noqa: E402
-from trainer.rollouts import ChatTokens  # noqa: E402
+from tracefix.trainer.gate import GatedExperts, GateMismatch, gate_adapters  # noqa: E402
+from tracefix.trainer import model as models  # noqa: E402
+from tracefix.trainer.gate_training import IGNORE, GateExample, examples_from_trajectories, train_gate  # noqa: E402
+from tracefix.trainer.rollouts import ChatTokens  # noqa: E402
 
 ADAPTERS = ["tool_call_precision@v1", "error_recovery@v1", "argument_grounding@v2"]
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]

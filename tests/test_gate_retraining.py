@@ -14,13 +14,13 @@ import pytest
 import openai
 import peft  # noqa: F401  (installed by make test: never skipped)
 
-from daemon.core.settings import StoreSettings  # noqa: E402
-from daemon.store.store import AnalysisStore, Store  # noqa: E402
+from tracefix.daemon.core.settings import StoreSettings  # noqa: E402
+from tracefix.daemon.store.store import AnalysisStore, Store  # noqa: E402
 from tests.conftest import REPO, RunningDaemon, free_port, make_daemon, wait_for  # noqa: E402
 from tests.lora_support import make_adapter, register_candidate  # noqa: E402
 from tests.test_going_live import RouterProcess, _post, _state  # noqa: E402
-from trainer.environment import Environment, load_tools  # noqa: E402
-from trainer.families import load_families  # noqa: E402
+from tracefix.trainer.environment import Environment, load_tools  # noqa: E402
+from tracefix.trainer.families import load_families  # noqa: E402
 
 DEFINITIONS = json.loads((REPO / "tests" / "fixtures" / "tools" / "retail.json").read_text())
 CAPABILITIES = ("error_recovery", "tool_call_precision")

@@ -18,10 +18,10 @@ import pytest
 
 import trl  # noqa: F401  (installed by make test: never skipped)
 
-from daemon.core import tracks  # noqa: E402
-from daemon.core.settings import StoreSettings  # noqa: E402
-from daemon.store.runs import RunStore  # noqa: E402
-from daemon.store.store import Store  # noqa: E402
+from tracefix.daemon.core import tracks  # noqa: E402
+from tracefix.daemon.core.settings import StoreSettings  # noqa: E402
+from tracefix.daemon.store.runs import RunStore  # noqa: E402
+from tracefix.daemon.store.store import Store  # noqa: E402
 from tests.conftest import RunningDaemon, free_port, make_daemon, wait_for  # noqa: E402
 from tests.conversations import TOOLS, Call, Conversation, ConversationSender, Say, User  # noqa: E402
 from tests.lora_support import make_adapter  # noqa: E402
@@ -215,10 +215,10 @@ def test_each_agent_learns_only_from_the_runs_of_its_own_tools(tmp_path: Path) -
 
 
 def test_targeted_selection_counts_an_agents_runs_from_when_its_generalist_went_live(tmp_path: Path) -> None:
-    from daemon.analysis.analyzer import Analyzer
-    from daemon.analysis.registry import build_registry
-    from daemon.core.settings import Settings
-    from daemon.store.store import AnalysisStore
+    from tracefix.daemon.analysis.analyzer import Analyzer
+    from tracefix.daemon.analysis.registry import build_registry
+    from tracefix.daemon.core.settings import Settings
+    from tracefix.daemon.store.store import AnalysisStore
 
     daemon = make_daemon(tmp_path, analysis={"interval_s": 0.5}).start()
     try:
@@ -253,8 +253,8 @@ def test_targeted_selection_counts_an_agents_runs_from_when_its_generalist_went_
 def test_a_targeted_adapter_starts_from_the_generalist_and_carries_it(tmp_path: Path, wide_tiny_model: Path) -> None:
     import torch
 
-    from daemon.core.settings import TrainingSettings
-    from trainer.recipes import load_policy
+    from tracefix.daemon.core.settings import TrainingSettings
+    from tracefix.trainer.recipes import load_policy
 
     generalist_path = make_adapter(wide_tiny_model, tmp_path / "generalist", GENERALIST, 1, 3)
     config = TrainingSettings(lora_r=4, lora_alpha=8, threads=1)
@@ -273,11 +273,11 @@ def test_a_targeted_adapter_starts_from_the_generalist_and_carries_it(tmp_path: 
 
 
 def test_an_environment_selected_before_the_generalist_went_live_waits_to_be_selected_again_on_its_traffic(tmp_path: Path) -> None:
-    from daemon.core.settings import Settings
-    from daemon.pipeline.training_runner import TrainingRunner
-    from daemon.store.store import AnalysisStore
-    from trainer.environment import Environment, load_tools
-    from trainer.families import load_families
+    from tracefix.daemon.core.settings import Settings
+    from tracefix.daemon.pipeline.training_runner import TrainingRunner
+    from tracefix.daemon.store.store import AnalysisStore
+    from tracefix.trainer.environment import Environment, load_tools
+    from tracefix.trainer.families import load_families
 
     family = load_families()["tool_call_precision"]
     store = Store(StoreSettings(path=tmp_path / "tracefix.duckdb"))
@@ -312,7 +312,7 @@ def test_an_environment_selected_before_the_generalist_went_live_waits_to_be_sel
         store.query(selected, [family.capability, AGENT])
         assert runs.environment_to_train(False, True, runner._waits)["environment_id"] == 1
         # Its canary's control arm, and so its reference, is the generalist that serves the agent without it.
-        from daemon.promotion.lifecycle import Promotion
+        from tracefix.daemon.promotion.lifecycle import Promotion
         from tests.lora_support import register_candidate
 
         targeted = runs.adapter(register_candidate(store, track, 1, "unused", 99, environment_id=1))
@@ -321,7 +321,7 @@ def test_an_environment_selected_before_the_generalist_went_live_waits_to_be_sel
         # rehearsed, those it was scored on must keep its next actions.
         told = runner._starts_from(adapter_id)
         assert told["name"] == f"{GENERALIST}@v1" and told["conversations"] is None  # its run left no conversations file
-        from daemon.pipeline.generalist import CONVERSATIONS
+        from tracefix.daemon.pipeline.generalist import CONVERSATIONS
 
         Path(run["directory"]).mkdir(parents=True, exist_ok=True)
         (Path(run["directory"]) / CONVERSATIONS).write_text('{"train": [], "held_out": []}')

@@ -21,8 +21,8 @@ import pytest
 import openai
 import peft  # noqa: F401  (installed by make test: never skipped)
 
-from daemon.core.settings import StoreSettings  # noqa: E402
-from daemon.store.store import Store  # noqa: E402
+from tracefix.daemon.core.settings import StoreSettings  # noqa: E402
+from tracefix.daemon.store.store import Store  # noqa: E402
 from tests.conftest import REPO, RunningDaemon, free_port, make_daemon, wait_for  # noqa: E402
 from tests.lora_support import make_adapter, register_candidate  # noqa: E402
 
@@ -38,7 +38,7 @@ class RouterProcess:
     def start(self) -> RouterProcess:
         log = (self.daemon.directory / "router.log").open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "daemon.app.cli", "router", "--config", str(self.daemon.config_path)],
+            [sys.executable, "-m", "tracefix.daemon.app.cli", "router", "--config", str(self.daemon.config_path)],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip
         deadline = time.monotonic() + 60
@@ -99,7 +99,7 @@ def _post(daemon: RunningDaemon, path: str, body: Any = None, auth: bool = True)
 
 
 def _cli(daemon: RunningDaemon, *arguments: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "daemon.app.cli", *arguments, "--config", str(daemon.config_path)]
+    command = [sys.executable, "-m", "tracefix.daemon.app.cli", *arguments, "--config", str(daemon.config_path)]
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
 
 

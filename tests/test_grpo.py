@@ -20,18 +20,18 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from daemon.core.settings import TrainingSettings
+from tracefix.daemon.core.settings import TrainingSettings
 from tests.learnable import LetterFamily, LetterInstance
-from trainer import model as models
-from trainer.environment import Environment, load_tools
-from trainer.families import load_families
-from trainer.grpo import (
+from tracefix.trainer import model as models
+from tracefix.trainer.environment import Environment, load_tools
+from tracefix.trainer.families import load_families
+from tracefix.trainer.grpo import (
     _groups, advantages, draw_rollouts, group_advantages, group_stats, grpo, hardest_first, latest_checkpoint, make_optimizer, optimise, step_seeds,
     take_rollouts,
 )
-from trainer import recipes
-from trainer.recipes import load_policy, lora_state, train
-from trainer.rollouts import ChatTokens, Sampling, demonstration, generate_rollouts
+from tracefix.trainer import recipes
+from tracefix.trainer.recipes import load_policy, lora_state, train
+from tracefix.trainer.rollouts import ChatTokens, Sampling, demonstration, generate_rollouts
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = load_tools(json.loads((Path(__file__).parent / "fixtures" / "tools" / "airline.json").read_text()))
@@ -358,7 +358,7 @@ def test_sft_grpo_mixes_guided_rollouts_into_its_groups_when_asked(peaked: Path,
 
 
 def test_a_run_from_a_generalist_rehearses_its_conversations_in_the_warm_start(peaked: Path, tmp_path: Path) -> None:
-    from trainer.recipes import Rehearsal
+    from tracefix.trainer.recipes import Rehearsal
 
     assert [Rehearsal(((),), share).count(96) for share in (0.0, 0.3, 0.5)] == [0, 41, 96]
     assert Rehearsal((), 0.5).count(96) == 0  # nothing to rehearse
@@ -381,10 +381,10 @@ STEPS = 20  # a step of this tiny model takes a fraction of a second: enough of 
 RESUMABLE = f"""
 import sys
 from pathlib import Path
-from daemon.core.settings import TrainingSettings
+from tracefix.daemon.core.settings import TrainingSettings
 from tests.learnable import LetterFamily
-from trainer.environment import Environment
-from trainer.recipes import train
+from tracefix.trainer.environment import Environment
+from tracefix.trainer.recipes import train
 config = TrainingSettings(recipe="grpo", steps={STEPS}, group_size=4, groups_per_step=1, max_new_tokens=1, save_steps=1, warm_start_examples=0, dtype="float32",
                           validation_seeds=2)
 train(Environment(LetterFamily(), [], 1), Path(sys.argv[1]), Path(sys.argv[2]), config, progress=lambda r: print(r, flush=True))

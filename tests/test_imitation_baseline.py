@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from router.protocol import ChatRequest, prompt_messages, stored_prompt_messages
+from tracefix.router.protocol import ChatRequest, prompt_messages, stored_prompt_messages
 from tests.conftest import REPO, make_daemon, wait_for
 
 SCHEMA = {"type": "object", "properties": {"user_id": {"type": "string"}}, "required": ["user_id"]}
@@ -72,7 +72,7 @@ def test_rows_that_are_not_a_conversation_are_refused_with_the_reason(change: di
 
 
 def test_only_the_agents_turns_carry_loss(smollm2_tokenizer: Any) -> None:
-    from trainer.conversations import conversation_sequence
+    from tracefix.trainer.conversations import conversation_sequence
 
     messages = stored_prompt_messages(ROWS, TOOLS)
     ids, mask = conversation_sequence(smollm2_tokenizer, messages, 4096)
@@ -93,7 +93,7 @@ def test_only_the_agents_turns_carry_loss(smollm2_tokenizer: Any) -> None:
 
 
 def test_a_conversation_to_imitate_needs_a_user_turn_and_an_agent_turn() -> None:
-    from trainer.conversations import RecordedConversation
+    from tracefix.trainer.conversations import RecordedConversation
 
     with pytest.raises(ValueError, match="assistant turn"):
         RecordedConversation([{"role": "system", "content": "s"}, {"role": "user", "content": "u"}])
@@ -106,11 +106,11 @@ def test_the_imitation_adapter_trains_on_a_daemons_successful_runs_and_goes_thro
     imitation adapter on them with the tiny model, starts its own router, loads the demo's live
     adapter, and runs the model-driven agent over a panel batch for each arm."""
     import peft  # noqa: F401  (installed by make test: never skipped)
-    from daemon.core.settings import StoreSettings
-    from daemon.store.store import Store
+    from tracefix.daemon.core.settings import StoreSettings
+    from tracefix.daemon.store.store import Store
     from examples.airline.runner import run_conversations
     from tests.lora_support import make_adapter, register_candidate
-    from trainer.adapters import verify_adapter
+    from tracefix.trainer.adapters import verify_adapter
 
     (tmp_path / "daemon").mkdir()
     daemon = make_daemon(tmp_path / "daemon").start()

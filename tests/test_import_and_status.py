@@ -46,7 +46,7 @@ def collector(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningDaemo
 
 def _cli(*arguments: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "daemon.app.cli", *arguments],
+        [sys.executable, "-m", "tracefix.daemon.app.cli", *arguments],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -63,7 +63,7 @@ def _write_lines(path: Path, runs: list[Any]) -> Path:
 
 def _import(daemon: RunningDaemon, path: Path, *arguments: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "daemon.app.cli", "import", str(path), "--format", "messages", *arguments,
+        [sys.executable, "-m", "tracefix.daemon.app.cli", "import", str(path), "--format", "messages", *arguments,
          "--config", str(daemon.config_path), "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from conftest import REPO, RunningDaemon, make_daemon
 
-from collectors.agent_runs import RunFormatError
-from collectors.tau2_bench import read_tau2_bench
+from tracefix.collectors.agent_runs import RunFormatError
+from tracefix.collectors.tau2_bench import read_tau2_bench
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TAU_RUNS = FIXTURES / "taubench" / "gpt-4o-airline-excerpt.json"
@@ -94,7 +94,7 @@ FORMATS = {
 
 def _cli(*arguments: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "daemon.app.cli", *arguments], cwd=REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "tracefix.daemon.app.cli", *arguments], cwd=REPO, capture_output=True, text=True, timeout=120
     )
 
 

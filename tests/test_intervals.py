@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.promotion.canary import Rate, judge
-from daemon.core.intervals import difference, mcnemar_p, paired_difference, wilson
+from tracefix.daemon.promotion.canary import Rate, judge
+from tracefix.daemon.core.intervals import difference, mcnemar_p, paired_difference, wilson
 
 
 @pytest.mark.parametrize(

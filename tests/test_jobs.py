@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from trainer.model import ModelUnavailable, training_device
+from tracefix.trainer.model import ModelUnavailable, training_device
 
 
 def _limit_in_a_fresh_process(memory_mb: int, device: str) -> list[str]:
@@ -60,7 +60,7 @@ def test_any_other_runtime_error_fails_the_job_with_its_traceback_and_reason() -
 
 
 def test_a_model_job_waits_passively_on_shared_cores_unless_the_environment_names_a_policy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from daemon.pipeline.model_subprocess import ModelSubprocess
+    from tracefix.daemon.pipeline.model_subprocess import ModelSubprocess
 
     def policy_seen() -> str:
         log = tmp_path / "job.log"

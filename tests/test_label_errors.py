@@ -8,13 +8,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from collectors.otlp import Limits, decode_spans, parse_traces_json
-from collectors.trajectories import Assembler
-from daemon.analysis.analyzer import Analyzer
-from daemon.analysis.capabilities import Capability, CapabilityRegistry, Judgement, Label, Trajectory
-from daemon.core.settings import AnalysisSettings, AssemblerSettings, OutcomeSettings, StoreSettings, WriterSettings
-from daemon.store.store import Store
-from daemon.store.writer import BatchedWriter
+from tracefix.collectors.otlp import Limits, decode_spans, parse_traces_json
+from tracefix.collectors.trajectories import Assembler
+from tracefix.daemon.analysis.analyzer import Analyzer
+from tracefix.daemon.analysis.capabilities import Capability, CapabilityRegistry, Judgement, Label, Trajectory
+from tracefix.daemon.core.settings import AnalysisSettings, AssemblerSettings, OutcomeSettings, StoreSettings, WriterSettings
+from tracefix.daemon.store.store import Store
+from tracefix.daemon.store.writer import BatchedWriter
 from tests.otlp_builders import json_span, json_traces, new_span_id, new_trace_id
 
 

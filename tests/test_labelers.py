@@ -170,7 +170,7 @@ def test_trajectories_endpoint_filters_by_capability_label(labeled: tuple[Runnin
 
 
 def _prose_only(question: str, tools: tuple[str, ...], source: str = "trajectory"):  # type: ignore[no-untyped-def]
-    from daemon.analysis.capabilities import ToolSpec, Trajectory, Turn
+    from tracefix.daemon.analysis.capabilities import ToolSpec, Trajectory, Turn
 
     turns = [Turn(0, "user", question, [], None, "s0"), Turn(1, "assistant", "Happy to help with that!", [], None, "s1")]
     specs = {name: ToolSpec(name, "", {"type": "object"}) for name in tools}
@@ -189,7 +189,7 @@ def _prose_only(question: str, tools: tuple[str, ...], source: str = "trajectory
     ],
 )
 def test_a_run_given_tools_that_answers_in_prose_what_a_tool_is_for_lacks_tool_calls(question: str, source: str, expected: str) -> None:
-    from daemon.analysis.builtin_capabilities import ToolCallPrecision
+    from tracefix.daemon.analysis.builtin_capabilities import ToolCallPrecision
 
     judgement = ToolCallPrecision().label(_prose_only(question, ("get_baggage_policy", "get_reservation", "cancel_reservation"), source))
     assert judgement.label.value == expected, judgement.reason
@@ -203,7 +203,7 @@ def _run(*steps: tuple[str, str] | tuple[str, str, dict, object]):  # type: igno
     each call made by an assistant turn of its own and answered by a tool turn."""
     import orjson
 
-    from daemon.analysis.capabilities import ToolCall, ToolSpec, Trajectory, Turn
+    from tracefix.daemon.analysis.capabilities import ToolCall, ToolSpec, Trajectory, Turn
 
     turns, calls = [], []
     for step in steps:
@@ -237,8 +237,8 @@ CANCEL = ("call", "cancel_subscription", {"account_id": "ACC-1", "subscription_i
     ],
 )
 def test_a_confirmed_offer_of_several_changes_must_all_be_made(offer: str, made: list, expected: str) -> None:
-    from daemon.analysis.builtin_capabilities import MultiStepCompletion
-    from daemon.core.settings import CapabilitySettings
+    from tracefix.daemon.analysis.builtin_capabilities import MultiStepCompletion
+    from tracefix.daemon.core.settings import CapabilitySettings
 
     run = _run(("user", "Switch me to basic and drop Cloud Backup."), ACCOUNT, ("assistant", offer), ("user", "Yes, go ahead."), *made,
                ("assistant", "All set."))  # fmt: skip
@@ -268,7 +268,7 @@ RESERVATION = ("call", "get_reservation", {"reservation_id": "R-1"},
     ],
 )
 def test_a_sum_up_of_listed_records_must_match_the_listing(read: tuple, answer: str, expected: str) -> None:
-    from daemon.analysis.builtin_capabilities import StructuredDataReasoning
+    from tracefix.daemon.analysis.builtin_capabilities import StructuredDataReasoning
 
     steps = [read, PLANS] if read is ACCOUNT else [read]
     judgement = StructuredDataReasoning().label(_run(("user", "How do things stand?"), *steps, ("assistant", answer)))
@@ -276,7 +276,7 @@ def test_a_sum_up_of_listed_records_must_match_the_listing(read: tuple, answer: 
 
 
 def test_a_stated_difference_must_be_one_of_two_values_read() -> None:
-    from daemon.analysis.builtin_capabilities import StructuredDataReasoning
+    from tracefix.daemon.analysis.builtin_capabilities import StructuredDataReasoning
 
     judgement = StructuredDataReasoning().label(
         _run(("user", "Move me to premium."), ACCOUNT, PLANS, ("assistant", "Premium costs $24.00 ($17.00 more). Shall I?"))

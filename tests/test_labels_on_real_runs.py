@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from daemon.analysis.builtin_capabilities import (
+from tracefix.daemon.analysis.builtin_capabilities import (
     ArgumentGrounding, MultiStepCompletion, PreconditionVerification, StructuredDataReasoning, ToolCallPrecision,
 )  # fmt: skip
-from daemon.analysis.capabilities import Judgement, Label, ToolCall, ToolSpec, Trajectory, Turn
-from daemon.core.settings import load_settings
+from tracefix.daemon.analysis.capabilities import Judgement, Label, ToolCall, ToolSpec, Trajectory, Turn
+from tracefix.daemon.core.settings import load_settings
 
 # config.toml's defaults (confirmation_phrases, handoff_tools), not the environment of whoever runs the tests.
 SETTINGS = load_settings(environ={}).capabilities

@@ -19,6 +19,7 @@ from typing import Literal
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("collectors", "daemon", "trainer", "router", "dashboard")
+NAMESPACE = "tracefix"  # installed, the packages are tracefix.daemon and so on (tracefix/__init__.py)
 ROOMS = ("core", "store", "analysis", "promotion", "pipeline", "app")
 # What each top-level package may import from daemon/ (module prefixes).
 DAEMON_ALLOWED = {
@@ -63,7 +64,14 @@ def _nodes(node: ast.AST, late: bool) -> Iterator[ast.AST]:
 
 def _imports(path: Path, run: Run = "anywhere") -> Iterator[tuple[int, str]]:
     """Every module `path` imports, with its line: `anywhere` in the file, or only the imports that
-    run at `module` level or also `late` (in functions)."""
+    run at `module` level or also `late` (in functions). The packages are named as their folders
+    (`daemon.core`, not `tracefix.daemon.core`)."""
+    for line, name in _named_imports(path, run):
+        yield line, name.removeprefix(f"{NAMESPACE}.")
+
+
+def _named_imports(path: Path, run: Run = "anywhere") -> Iterator[tuple[int, str]]:
+    """`_imports` as written in the file."""
     module = _module(path)
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     tree = ast.parse(path.read_text(), str(path))
@@ -107,6 +115,17 @@ def _violation(importer: str, imported: str) -> str | None:
     if len(target) > 1 and target[1] in ROOMS and ROOMS.index(target[1]) > ROOMS.index(room):
         return f"daemon.{room} is below daemon.{target[1]}"
     return None
+
+
+def test_every_import_of_the_packages_names_them_in_the_tracefix_namespace() -> None:
+    # A bare `import daemon...` works in a checkout (its root is on sys.path) and breaks installed,
+    # where `daemon` is another distribution's (python-daemon's) or nothing.
+    found = []
+    for path in [*_sources(), *sorted(REPO.glob("tests/**/*.py")), *sorted(REPO.glob("bench/**/*.py")), *sorted(REPO.glob("examples/**/*.py"))]:
+        for line, imported in _named_imports(path):
+            if imported.split(".")[0] in PACKAGES:
+                found.append(f"{path.relative_to(REPO)}:{line} imports {imported}")
+    assert found == [], "imports outside the tracefix namespace:\n" + "\n".join(found)
 
 
 def test_daemon_holds_only_its_stage_packages() -> None:

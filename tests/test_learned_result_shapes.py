@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from daemon.core.settings import CapabilitySettings, StoreSettings
-from daemon.pipeline.synthesis import MIN_RESULTS, stored_definitions
-from daemon.store.store import AnalysisStore, Store
+from tracefix.daemon.core.settings import CapabilitySettings, StoreSettings
+from tracefix.daemon.pipeline.synthesis import MIN_RESULTS, stored_definitions
+from tracefix.daemon.store.store import AnalysisStore, Store
 from examples.airline import run_conversations
 from examples.airline.instructions import SERVICE_NAME
 from tests.conftest import make_daemon
-from trainer.checks import check
-from trainer.environment import Environment, load_tools, rollout, solution_policy
-from trainer.families import load_families
-from trainer.result_shapes import conformance
+from tracefix.trainer.checks import check
+from tracefix.trainer.environment import Environment, load_tools, rollout, solution_policy
+from tracefix.trainer.families import load_families
+from tracefix.trainer.result_shapes import conformance
 
 
 @pytest.fixture(scope="module")

@@ -24,19 +24,19 @@ import pytest
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from collectors.otlp import Limits, decode_spans, parse_traces_json
-from collectors.trajectories import Assembler
-from daemon.analysis import llm_client
-from daemon.analysis.analyzer import Analyzer
-from daemon.analysis.judging import LLMJudging
-from daemon.analysis.llm_client import CallBudget, ChatClient
-from daemon.analysis.llm_labeler import llm_capabilities
-from daemon.analysis.registry import build_registry
-from daemon.core.settings import (
+from tracefix.collectors.otlp import Limits, decode_spans, parse_traces_json
+from tracefix.collectors.trajectories import Assembler
+from tracefix.daemon.analysis import llm_client
+from tracefix.daemon.analysis.analyzer import Analyzer
+from tracefix.daemon.analysis.judging import LLMJudging
+from tracefix.daemon.analysis.llm_client import CallBudget, ChatClient
+from tracefix.daemon.analysis.llm_labeler import llm_capabilities
+from tracefix.daemon.analysis.registry import build_registry
+from tracefix.daemon.core.settings import (
     AnalysisSettings, AssemblerSettings, CapabilitySettings, LLMSettings, OutcomeSettings, StoreSettings, WriterSettings,
 )  # fmt: skip
-from daemon.store.store import Store
-from daemon.store.writer import BatchedWriter
+from tracefix.daemon.store.store import Store
+from tracefix.daemon.store.writer import BatchedWriter
 from examples.traffic import generate, send
 from tests.conftest import REPO, RunningDaemon, make_daemon, wait_for
 from tests.otlp_builders import json_span, json_traces, new_span_id, new_trace_id
@@ -239,7 +239,7 @@ def counted(daemon: RunningDaemon, capability: str) -> int:
 
 def status_cli(daemon: RunningDaemon) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "daemon.app.cli", "status", "--config", str(daemon.config_path)],
+        [sys.executable, "-m", "tracefix.daemon.app.cli", "status", "--config", str(daemon.config_path)],
         cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     return done.stdout

@@ -40,13 +40,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from daemon.analysis import llm_client
-from daemon.analysis.capabilities import Judgement, Label, ToolCall, ToolSpec, Trajectory, Turn
-from daemon.analysis.discovery import DISCOVERY_SCHEMA, discover_capabilities, snake_case
-from daemon.analysis.llm_client import ChatClient, LLMOutputError, LLMUnavailable, strip_fences
-from daemon.analysis.llm_labeler import LABEL_SCHEMA, LLMLabeler, llm_capabilities
-from daemon.analysis.transcript import render_transcript
-from daemon.core.settings import ConfigError, CustomCapability, LLMSettings
+from tracefix.daemon.analysis import llm_client
+from tracefix.daemon.analysis.capabilities import Judgement, Label, ToolCall, ToolSpec, Trajectory, Turn
+from tracefix.daemon.analysis.discovery import DISCOVERY_SCHEMA, discover_capabilities, snake_case
+from tracefix.daemon.analysis.llm_client import ChatClient, LLMOutputError, LLMUnavailable, strip_fences
+from tracefix.daemon.analysis.llm_labeler import LABEL_SCHEMA, LLMLabeler, llm_capabilities
+from tracefix.daemon.analysis.transcript import render_transcript
+from tracefix.daemon.core.settings import ConfigError, CustomCapability, LLMSettings
 
 FIXTURES = Path(__file__).parent / "fixtures" / "llm"
 
@@ -621,8 +621,8 @@ def test_llm_capabilities_builds_custom_capabilities() -> None:
 
 
 def test_custom_capabilities_with_the_llm_off_are_reported_not_dropped_silently() -> None:
-    from daemon.analysis.registry import build_registry
-    from daemon.core.settings import CapabilitySettings
+    from tracefix.daemon.analysis.registry import build_registry
+    from tracefix.daemon.core.settings import CapabilitySettings
 
     custom = [{"name": "datetime_reasoning", "description": "Resolve relative dates correctly."}]
     registry = build_registry(CapabilitySettings(), LLMSettings(custom=custom))

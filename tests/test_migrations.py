@@ -8,9 +8,9 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from daemon.store.migrations import MIGRATIONS, Migration
-from daemon.core.settings import StoreSettings
-from daemon.store.store import Store, StoreError
+from tracefix.daemon.store.migrations import MIGRATIONS, Migration
+from tracefix.daemon.core.settings import StoreSettings
+from tracefix.daemon.store.store import Store, StoreError
 
 
 def _open(path: Path) -> Store:

@@ -12,12 +12,12 @@ import pytest
 import torch  # noqa: F401  (installed by make test: never skipped)
 import transformers  # noqa: F401  (installed by make test: never skipped)
 
-from trainer import model as models  # noqa: E402
-from trainer.environment import Environment, load_tools  # noqa: E402
-from trainer.families import load_families  # noqa: E402
-from daemon.core.settings import ValidationSettings  # noqa: E402
-from trainer.rollouts import Sampling, generate_rollouts  # noqa: E402
-from trainer.validate_job import run_gate  # noqa: E402
+from tracefix.trainer import model as models  # noqa: E402
+from tracefix.trainer.environment import Environment, load_tools  # noqa: E402
+from tracefix.trainer.families import load_families  # noqa: E402
+from tracefix.daemon.core.settings import ValidationSettings  # noqa: E402
+from tracefix.trainer.rollouts import Sampling, generate_rollouts  # noqa: E402
+from tracefix.trainer.validate_job import run_gate  # noqa: E402
 
 TOOLS = load_tools(json.loads((Path(__file__).parent / "fixtures" / "tools" / "retail.json").read_text()))
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from trainer.environment import Message, assistant_call, assistant_text
-from trainer.next_action import ActionMatch, fitted, reference_turns, same_action, score_actions, word_f1
-from trainer.rollouts import ChatTokens, Sampling
+from tracefix.trainer.environment import Message, assistant_call, assistant_text
+from tracefix.trainer.next_action import ActionMatch, fitted, reference_turns, same_action, score_actions, word_f1
+from tracefix.trainer.rollouts import ChatTokens, Sampling
 
 SCHEMA = {"type": "object", "properties": {"user_id": {"type": "string"}}, "required": ["user_id"]}
 TOOLS = [{"tool_name": "get_user", "description": "Look a customer up.", "parameters": json.dumps(SCHEMA)}]
@@ -169,8 +169,8 @@ def adapted(wide_tiny_model: Path) -> Any:
 def _conversations(plain: Any, tokenizer: Any) -> list[list[Message]]:
     """Two stored conversations, three agent turns: a call, then the replies the plain base model
     itself writes there, so the base matches them word for word and another model need not."""
-    from router.protocol import stored_prompt_messages
-    from trainer.next_action import written
+    from tracefix.router.protocol import stored_prompt_messages
+    from tracefix.trainer.next_action import written
 
     call = {"role": "assistant", "content": "", "tool_calls": json.dumps([{"id": "c1", "name": "get_user", "arguments": {"user_id": "U-1"}}])}
     rows = [
@@ -186,7 +186,7 @@ def _conversations(plain: Any, tokenizer: Any) -> list[list[Message]]:
 
 
 def test_the_base_is_scored_with_the_adapter_disabled_and_the_adapter_with_it(plain: Any, adapted: Any, tokenizer: Any) -> None:
-    from trainer.next_action import compare_next_actions, next_actions
+    from tracefix.trainer.next_action import compare_next_actions, next_actions
 
     conversations = _conversations(plain, tokenizer)
     adapted.train()
@@ -207,7 +207,7 @@ def test_the_base_is_scored_with_the_adapter_disabled_and_the_adapter_with_it(pl
 
 
 def test_turns_whose_prompt_cannot_fit_are_skipped_and_counted(plain: Any, tokenizer: Any) -> None:
-    from trainer.next_action import next_actions
+    from tracefix.trainer.next_action import next_actions
 
     conversations = [conversation((assistant_text("Hello."), [{"role": "user", "content": "Bye."}]), (assistant_text("Bye!"), []))]
     matches = next_actions(plain, tokenizer, conversations, Sampling(max_new_tokens=6, max_length=24))
@@ -222,13 +222,13 @@ def test_retention_tells_whether_an_adapter_keeps_the_next_actions_of_the_weight
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from daemon.core.settings import TrainingSettings
-    from router.protocol import stored_prompt_messages
+    from tracefix.daemon.core.settings import TrainingSettings
+    from tracefix.router.protocol import stored_prompt_messages
     from tests.lora_support import TARGETS
-    from trainer.grpo import adapter_weights, lora_state
-    from trainer.conversations import conversation_sequence
-    from trainer.recipes import supervised
-    from trainer.train_job import retention
+    from tracefix.trainer.grpo import adapter_weights, lora_state
+    from tracefix.trainer.conversations import conversation_sequence
+    from tracefix.trainer.recipes import supervised
+    from tracefix.trainer.train_job import retention
 
     opening = [{"role": "system", "content": "You help customers."}, {"role": "user", "content": "I am U-1, please look me up."}]
     call = {"role": "assistant", "content": "", "tool_calls": json.dumps([{"id": "c1", "name": "get_user", "arguments": {"user_id": "U-1"}}])}

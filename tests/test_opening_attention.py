@@ -14,13 +14,13 @@ from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from tests.conftest import ending_model
-from trainer import model as models
-from trainer import opening_attention as attention
-from trainer import rollouts
-from trainer.decode import leaving
-from trainer.environment import Instance, Message, StepResult, assistant_text
-from trainer.opening_attention import NAME, OpeningCache, Split, _OpeningLayer, _split_attention, opening_attention, rows_cache
-from trainer.prefix_cache import layout, prefill
+from tracefix.trainer import model as models
+from tracefix.trainer import opening_attention as attention
+from tracefix.trainer import rollouts
+from tracefix.trainer.decode import leaving
+from tracefix.trainer.environment import Instance, Message, StepResult, assistant_text
+from tracefix.trainer.opening_attention import NAME, OpeningCache, Split, _OpeningLayer, _split_attention, opening_attention, rows_cache
+from tracefix.trainer.prefix_cache import layout, prefill
 
 
 class _Module:

@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from daemon.app.service import FOLLOWING, Daemon
-from daemon.core.settings import Settings
+from tracefix.daemon.app.service import FOLLOWING, Daemon
+from tracefix.daemon.core.settings import Settings
 
 
 def test_a_stage_that_did_something_wakes_the_stages_after_it(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainer.policy_loss import Completion, LossStats, group_backward, group_logprobs
+from tracefix.trainer.policy_loss import Completion, LossStats, group_backward, group_logprobs
 
 PROMPT = 40
 

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import torch
 
-from daemon.core.settings import TrainingSettings
-from trainer import model as models
-from trainer import precision
-from trainer.policy_loss import Completion, group_backward
-from trainer.recipes import load_policy
-from trainer.shared_prefix import shared_prefix_loss
+from tracefix.daemon.core.settings import TrainingSettings
+from tracefix.trainer import model as models
+from tracefix.trainer import precision
+from tracefix.trainer.policy_loss import Completion, group_backward
+from tracefix.trainer.recipes import load_policy
+from tracefix.trainer.shared_prefix import shared_prefix_loss
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.throughput import ModelShape  # noqa: E402
@@ -178,7 +178,7 @@ def test_the_bench_counts_a_layers_flops_as_by_hand(tiny_model: Path) -> None:
 def test_the_router_refuses_bfloat16_on_a_cpu_without_it_in_one_line(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 
-    from daemon.app.cli import main
+    from tracefix.daemon.app.cli import main
 
     monkeypatch.setattr(precision, "cpu_flags", lambda *_: OLDER)
     config = tmp_path / "tracefix.toml"

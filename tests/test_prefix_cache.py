@@ -12,12 +12,12 @@ import pytest
 
 import torch  # noqa: F401  (installed by make test: never skipped)
 
-from router import metrics  # noqa: E402
-from router.backend import EmbeddedBackend, Failed, Finished, Generation, Sampling  # noqa: E402
+from tracefix.router import metrics  # noqa: E402
+from tracefix.router.backend import EmbeddedBackend, Failed, Finished, Generation, Sampling  # noqa: E402
 from tests.lora_support import make_adapter  # noqa: E402
-from trainer import prefix_cache, rollouts  # noqa: E402
-from trainer.environment import Instance, Message, StepResult, assistant_text  # noqa: E402
-from trainer.prefix_cache import PrefixStore, common_prefix  # noqa: E402
+from tracefix.trainer import prefix_cache, rollouts  # noqa: E402
+from tracefix.trainer.environment import Instance, Message, StepResult, assistant_text  # noqa: E402
+from tracefix.trainer.prefix_cache import PrefixStore, common_prefix  # noqa: E402
 
 OPENING = "You are the support agent of a small airline. " * 12  # well over MIN_PREFIX tokens
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from daemon.promotion.lifecycle import IllegalTransition, NotFound, Promotion
-from daemon.core.settings import StoreSettings
-from daemon.store.store import AnalysisStore, Store
-from daemon.store.store import COOLDOWN
+from tracefix.daemon.promotion.lifecycle import IllegalTransition, NotFound, Promotion
+from tracefix.daemon.core.settings import StoreSettings
+from tracefix.daemon.store.store import AnalysisStore, Store
+from tracefix.daemon.store.store import COOLDOWN
 from tests.lora_support import register_candidate
 
 

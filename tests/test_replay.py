@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from daemon.analysis.capabilities import load_registry
-from daemon.core.settings import CapabilitySettings
-from trainer.environment import assistant_call, assistant_text, load_tools
-from daemon.pipeline.replay_judge import judge, replayed_trajectory
+from tracefix.daemon.analysis.capabilities import load_registry
+from tracefix.daemon.core.settings import CapabilitySettings
+from tracefix.trainer.environment import assistant_call, assistant_text, load_tools
+from tracefix.daemon.pipeline.replay_judge import judge, replayed_trajectory
 
 TOOLS = load_tools(json.loads((Path(__file__).parent / "fixtures" / "tools" / "airline.json").read_text()))
 CASE = {"trajectory_id": "t1", "system": "You are an airline agent.", "user": "Cancel reservation R-12345 please."}
@@ -38,8 +38,8 @@ def test_a_replay_reports_each_cases_labels_with_the_labelers_reasons_and_the_an
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tests.lora_support import make_adapter
-    from trainer.replay import replay
-    from trainer.rollouts import Sampling
+    from tracefix.trainer.replay import replay
+    from tracefix.trainer.rollouts import Sampling
 
     adapter_dir = make_adapter(tiny_model, tmp_path / "adapter", "tool_call_precision", 1, seed=3)
     model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), adapter_dir)

@@ -10,8 +10,8 @@ import pytest
 
 from examples.airline import Database
 from examples.airline.tools import execute
-from trainer.result_shapes import conformance, dress, generate, learn
-from trainer.world import Values
+from tracefix.trainer.result_shapes import conformance, dress, generate, learn
+from tracefix.trainer.world import Values
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from collectors.otlp import Limits, decode_spans, parse_traces_json
-from collectors.trajectories import Assembler
-from daemon.core.settings import AssemblerSettings, OutcomeSettings, StoreSettings, WriterSettings
-from daemon.store.store import AnalysisStore, Store
-from daemon.store.writer import BatchedWriter
+from tracefix.collectors.otlp import Limits, decode_spans, parse_traces_json
+from tracefix.collectors.trajectories import Assembler
+from tracefix.daemon.core.settings import AssemblerSettings, OutcomeSettings, StoreSettings, WriterSettings
+from tracefix.daemon.store.store import AnalysisStore, Store
+from tracefix.daemon.store.writer import BatchedWriter
 
 DAY_NS = 86_400 * 10**9
 
@@ -61,8 +61,8 @@ def test_retention_deletes_old_spans_and_keeps_trajectories(tmp_path: Path) -> N
 def test_retention_keeps_what_evaluation_labels_are_read_from(tmp_path: Path) -> None:
     """Old spans and log records carrying a gen_ai.evaluation.result stay: a relabel after the
     cutoff reads the same evaluations ([[capabilities.evaluations]]); the rest of the old ones go."""
-    from collectors.otlp import decode_logs, parse_logs_json
-    from daemon.core.semconv import EVALUATION_EVENT
+    from tracefix.collectors.otlp import decode_logs, parse_logs_json
+    from tracefix.daemon.core.semconv import EVALUATION_EVENT
     from tests.otlp_builders import json_log, json_logs
 
     store = Store(StoreSettings(path=tmp_path / "retention.duckdb"))

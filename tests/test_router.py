@@ -31,13 +31,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from router import protocol  # noqa: E402
-from router.backend import EmbeddedBackend, held_back  # noqa: E402
-from router.routing import LABELS, classifier_messages  # noqa: E402
+from tracefix.router import protocol  # noqa: E402
+from tracefix.router.backend import EmbeddedBackend, held_back  # noqa: E402
+from tracefix.router.routing import LABELS, classifier_messages  # noqa: E402
 from tests.conftest import REPO, free_port, serving_router, wait_for  # noqa: E402
 from tests.lora_support import TARGETS, make_adapter  # noqa: E402
-from trainer import model as models  # noqa: E402
-from trainer.environment import Tool, render_system_prompt  # noqa: E402
+from tracefix.trainer import model as models  # noqa: E402
+from tracefix.trainer.environment import Tool, render_system_prompt  # noqa: E402
 
 TOKEN = "router-test-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -398,11 +398,11 @@ def test_a_canary_splits_conversations_by_their_id_and_keeps_each_on_its_arm(rou
 def test_gate_mode_needs_the_gate_module_and_a_gate_for_live_adapters(
     router: Router, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setitem(sys.modules, "trainer.gate", None)  # as if trainer.gate were not installed
+    monkeypatch.setitem(sys.modules, "tracefix.trainer.gate", None)  # as if trainer.gate were not installed
     refused = router.admin("PUT", "/admin/routing", {"mode": "gate", "gate": str(tmp_path / "gate.safetensors")})
-    assert refused.status_code == 400 and "trainer.gate" in refused.json()["error"]["message"]
+    assert refused.status_code == 400 and "tracefix.trainer.gate" in refused.json()["error"]["message"]
     monkeypatch.undo()
-    from trainer.gate import GatedExperts
+    from tracefix.trainer.gate import GatedExperts
 
     names = ["gatea@v1", "gateb@v1"]
     for index, name in enumerate(names):
@@ -647,7 +647,7 @@ def test_tracefix_router_serves_until_sigterm_then_stops_cleanly(base_dir: Path,
     )
     log = (tmp_path / "router.log").open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "daemon.app.cli", "router", "--config", str(config)],
+        [sys.executable, "-m", "tracefix.daemon.app.cli", "router", "--config", str(config)],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     try:

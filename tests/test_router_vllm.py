@@ -39,12 +39,12 @@ import openai
 
 from transformers import AutoTokenizer  # noqa: E402
 
-from router.routing import LABELS  # noqa: E402
-from router.vllm import _error_text  # noqa: E402
+from tracefix.router.routing import LABELS  # noqa: E402
+from tracefix.router.vllm import _error_text  # noqa: E402
 from tests.conftest import REPO, free_port, wait_for  # noqa: E402
 from tests.lora_support import TARGETS, make_adapter  # noqa: E402
-from trainer import adapters  # noqa: E402
-from trainer import model as models  # noqa: E402
+from tracefix.trainer import adapters  # noqa: E402
+from tracefix.trainer import model as models  # noqa: E402
 
 TOKEN = "vllm-test-token"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -282,7 +282,7 @@ class Router:
             f'routing = "off"\nmax_context_tokens = 1024\nexport_spans = false\n'
         )
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "daemon.app.cli", "router", "--config", str(config)],
+            [sys.executable, "-m", "tracefix.daemon.app.cli", "router", "--config", str(config)],
             cwd=REPO, stdout=self.log_path.open("wb"), stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )  # fmt: skip

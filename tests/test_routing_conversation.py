@@ -17,10 +17,10 @@ import transformers  # noqa: F401  (installed by make test: never skipped)
 import peft  # noqa: F401  (installed by make test: never skipped)
 
 
-from daemon.core import generalist, tracks  # noqa: E402
-from router import routing  # noqa: E402
-from router.backend import EmbeddedBackend  # noqa: E402
-from router.routing import Classifier, Lease, RoutingTable  # noqa: E402
+from tracefix.daemon.core import generalist, tracks  # noqa: E402
+from tracefix.router import routing  # noqa: E402
+from tracefix.router.backend import EmbeddedBackend  # noqa: E402
+from tracefix.router.routing import Classifier, Lease, RoutingTable  # noqa: E402
 from tests.conftest import serving_router  # noqa: E402
 from tests.lora_support import make_adapter  # noqa: E402
 

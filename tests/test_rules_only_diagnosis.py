@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from daemon.app import cli_common as cli
+from tracefix.daemon.app import cli_common as cli
 from examples.traffic import generate, send
 from tests.conftest import REPO, RunningDaemon, free_port, make_daemon
 
@@ -71,7 +71,7 @@ def diagnosed(unexplained: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 def _cli(daemon: RunningDaemon, *arguments: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "daemon.app.cli", "capabilities", *arguments, "--config", str(daemon.config_path)],
+        [sys.executable, "-m", "tracefix.daemon.app.cli", "capabilities", *arguments, "--config", str(daemon.config_path)],
         cwd=REPO, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from daemon.core.config_file import configuration_markdown, default_config_toml, toml_value
-from daemon.core.settings import ConfigError, Settings, load_settings
+from tracefix.daemon.core.config_file import configuration_markdown, default_config_toml, toml_value
+from tracefix.daemon.core.settings import ConfigError, Settings, load_settings
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-REGENERATE = "run `python -m daemon.core.settings --write-config --write-docs` and commit the result"
+REGENERATE = "run `python -m tracefix.daemon.core.settings --write-config --write-docs` and commit the result"
 
 
 def test_settings_without_a_file_equal_the_embedded_config() -> None:
@@ -132,8 +132,8 @@ def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_training_settings_reach_the_trainer_from_the_file_and_the_environment(tmp_path: Path) -> None:
-    from daemon.core.settings import TrainingSettings
-    from daemon.pipeline.training_runner import train_config
+    from tracefix.daemon.core.settings import TrainingSettings
+    from tracefix.daemon.pipeline.training_runner import train_config
 
     path = tmp_path / "gpu.toml"
     path.write_text('[training]\ndtype = "bfloat16"\nlora_dropout = 0.05\n[model]\nmax_new_tokens = 77\nthreads = 3\n')

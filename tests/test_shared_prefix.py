@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from trainer.shared_prefix import shared_prefix_length, shared_prefix_loss
+from tracefix.trainer.shared_prefix import shared_prefix_length, shared_prefix_loss
 
 
 def _batch(prefix: int, tails: list[int], pad: int = 0, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -179,7 +179,7 @@ def test_a_model_that_scales_its_logits_keeps_the_whole_pass(adapted: Any) -> No
 
 
 def test_batches_keep_sequences_of_one_opening_together_and_cover_each_once_an_epoch() -> None:
-    from trainer.shared_prefix import OPENING_KEY, OpeningBatches
+    from tracefix.trainer.shared_prefix import OPENING_KEY, OpeningBatches
 
     demonstration, conversation = [1] * OPENING_KEY, [2] * OPENING_KEY
     sequences = [[*demonstration, index] for index in range(7)] + [[*conversation, index] for index in range(5)]

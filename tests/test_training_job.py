@@ -16,15 +16,15 @@ import pytest
 
 import trl  # noqa: F401  (installed by make test: never skipped)
 
-from daemon.store.runs import RunStore  # noqa: E402
-from daemon.core.settings import ModelSettings, Settings, StoreSettings, TrainingSettings  # noqa: E402
-from daemon.store.store import AnalysisStore, Store  # noqa: E402
-from daemon.pipeline.training_runner import TrainingRunner  # noqa: E402
+from tracefix.daemon.store.runs import RunStore  # noqa: E402
+from tracefix.daemon.core.settings import ModelSettings, Settings, StoreSettings, TrainingSettings  # noqa: E402
+from tracefix.daemon.store.store import AnalysisStore, Store  # noqa: E402
+from tracefix.daemon.pipeline.training_runner import TrainingRunner  # noqa: E402
 from examples.traffic import SERVICE_NAME, generate, send  # noqa: E402
 from tests.conftest import REPO, make_daemon  # noqa: E402
-from trainer.adapters import base_model_hash, verify_adapter  # noqa: E402
-from trainer.environment import Environment, load_tools  # noqa: E402
-from trainer.families import load_families  # noqa: E402
+from tracefix.trainer.adapters import base_model_hash, verify_adapter  # noqa: E402
+from tracefix.trainer.environment import Environment, load_tools  # noqa: E402
+from tracefix.trainer.families import load_families  # noqa: E402
 
 DEFINITIONS = json.loads((REPO / "tests" / "fixtures" / "tools" / "retail.json").read_text())
 FAMILY = load_families()["tool_call_precision"]
@@ -177,7 +177,7 @@ def test_a_daemon_side_error_fails_the_run_instead_of_leaving_it_running(
 
 
 def _training_processes() -> list[psutil.Process]:
-    return [child for child in psutil.Process().children() if "trainer.train_job" in " ".join(child.cmdline())]
+    return [child for child in psutil.Process().children() if "tracefix.trainer.train_job" in " ".join(child.cmdline())]
 
 
 def test_a_run_stopped_with_the_daemon_is_requeued_and_resumes_from_its_checkpoint(
@@ -229,7 +229,7 @@ def test_a_job_that_already_finished_is_not_run_again(runner_store: tuple[Store,
     run = runs.run(_runner(store, analysis, runs, tiny_model).run_pass())
     assert run["status"] == "candidate", run["error"]
     directory = Path(run["directory"])
-    command = [sys.executable, "-m", "trainer.train_job", "--request", str(directory / "request.json"), "--run-dir", str(directory)]
+    command = [sys.executable, "-m", "tracefix.trainer.train_job", "--request", str(directory / "request.json"), "--run-dir", str(directory)]
     progress = (directory / "progress.jsonl").read_text()
     adapter = (directory / "adapter" / "manifest.json").read_bytes()
 
@@ -272,7 +272,7 @@ def test_tracefix_train_runs_one_in_the_foreground_on_a_tools_file(tmp_path: Pat
         "TRACEFIX_TRAINING_EVAL_MARGIN": "0", "TRACEFIX_MODEL_MAX_NEW_TOKENS": "8", "TRACEFIX_TRAINING_RECIPE": "sft+grpo",
     }  # fmt: skip
     command = [
-        sys.executable, "-m", "daemon.app.cli", "train", "tool_call_precision", "--tools", str(REPO / "tests" / "fixtures" / "tools" / "retail.json"),
+        sys.executable, "-m", "tracefix.daemon.app.cli", "train", "tool_call_precision", "--tools", str(REPO / "tests" / "fixtures" / "tools" / "retail.json"),
         "--model", str(tiny_model), "--steps", "1", "--warm-start", "1", "--eval-seeds", "2", "--output", str(tmp_path / "run"), "--json",
     ]  # fmt: skip
     shown = subprocess.run(command, cwd=REPO, env=environ, capture_output=True, text=True, timeout=300)
@@ -305,7 +305,7 @@ def test_a_runs_progress_is_told_by_its_phase() -> None:
     """The warm start and the evaluation take most of a CPU run: their records say where the run
     stands, and the GRPO charts keep to the GRPO steps (records from before phases were recorded
     count as GRPO steps)."""
-    from daemon.core.progress import grpo_steps, progress_text
+    from tracefix.daemon.core.progress import grpo_steps, progress_text
 
     warm = {"phase": "warm_start", "step": 3, "max_steps": 96, "loss": 0.5, "elapsed_s": 61.2}
     step = {"step": 2, "max_steps": 4, "mean_reward": 0.25, "elapsed_s": 10.0}

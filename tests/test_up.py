@@ -30,7 +30,7 @@ def _children(up: subprocess.Popen) -> dict[str, psutil.Process]:
         except psutil.NoSuchProcess:
             continue
         for name in ("daemon", "router", "dashboard"):
-            if f"daemon.app.cli {name}" in command or (name == "dashboard" and "streamlit" in command):
+            if f"tracefix.daemon.app.cli {name}" in command or (name == "dashboard" and "streamlit" in command):
                 found[name] = child
     return found
 
@@ -55,7 +55,7 @@ def configured(tmp_path: Path, tiny_model: Path) -> RunningDaemon:
 def _start(configured: RunningDaemon, *extra: str) -> subprocess.Popen:
     output = (configured.directory / "up.out").open("ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "daemon.app.cli", "up", "--config", str(configured.config_path), *extra],
+        [sys.executable, "-m", "tracefix.daemon.app.cli", "up", "--config", str(configured.config_path), *extra],
         cwd=REPO, stdout=output, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
 
@@ -68,7 +68,7 @@ def up(configured: RunningDaemon) -> Iterator[subprocess.Popen]:
         process.kill()
         process.wait()
     for child in psutil.Process().children(recursive=True):
-        if "daemon.app.cli" in " ".join(child.cmdline()) or "streamlit" in " ".join(child.cmdline()):
+        if "tracefix.daemon.app.cli" in " ".join(child.cmdline()) or "streamlit" in " ".join(child.cmdline()):
             child.kill()
 
 
@@ -95,7 +95,7 @@ def test_up_supervises_the_three_processes_restarts_a_killed_one_and_stops_them_
     assert _children(up)["daemon"].pid == daemon_pid
 
     logs = subprocess.run(
-        [sys.executable, "-m", "daemon.app.cli", "logs", "router", "--config", str(configured.config_path), "-n", "400"],
+        [sys.executable, "-m", "tracefix.daemon.app.cli", "logs", "router", "--config", str(configured.config_path), "-n", "400"],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert logs.returncode == 0 and logs.stdout.count("tracefix up starts router") == 2, logs.stdout[-2000:]

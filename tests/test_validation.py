@@ -11,10 +11,10 @@ import json
 import random
 from pathlib import Path
 
-from trainer.environment import Instance, Policy, load_tools, noop_policy, solution_policy
-from trainer.families import load_families
-from daemon.core.settings import ValidationSettings
-from trainer.validation import HintedInstance, one_at_a_time, validate
+from tracefix.trainer.environment import Instance, Policy, load_tools, noop_policy, solution_policy
+from tracefix.trainer.families import load_families
+from tracefix.daemon.core.settings import ValidationSettings
+from tracefix.trainer.validation import HintedInstance, one_at_a_time, validate
 
 TOOLS = load_tools(json.loads((Path(__file__).parent / "fixtures" / "tools" / "airline.json").read_text()))
 FAMILY = next(f for f in load_families().values() if f.capability == "precondition_verification")
@@ -61,7 +61,7 @@ def test_a_hopeless_base_fails_the_gate_with_every_attempt_recorded() -> None:
 
 
 def test_hinted_instances_carry_the_hint_in_the_system_prompt() -> None:
-    from trainer.environment import Environment
+    from tracefix.trainer.environment import Environment
 
     instance = Environment(FAMILY, TOOLS).instance(4)
     hint = instance.hint()

@@ -22,13 +22,13 @@ import pytest
 import torch  # noqa: F401  (installed by make test: never skipped)
 import transformers  # noqa: F401  (installed by make test: never skipped)
 
-from daemon.core.settings import CapabilitySettings, ModelSettings, Settings, StoreSettings, ValidationSettings  # noqa: E402
-from daemon.store.store import AnalysisStore, Store  # noqa: E402
-from daemon.pipeline.validator import Validator  # noqa: E402
+from tracefix.daemon.core.settings import CapabilitySettings, ModelSettings, Settings, StoreSettings, ValidationSettings  # noqa: E402
+from tracefix.daemon.store.store import AnalysisStore, Store  # noqa: E402
+from tracefix.daemon.pipeline.validator import Validator  # noqa: E402
 from examples.traffic import SERVICE_NAME, generate, send  # noqa: E402
 from tests.conftest import REPO, make_daemon, wait_for  # noqa: E402
-from trainer.environment import Environment, load_tools  # noqa: E402
-from trainer.families import load_families  # noqa: E402
+from tracefix.trainer.environment import Environment, load_tools  # noqa: E402
+from tracefix.trainer.families import load_families  # noqa: E402
 
 RETAIL = REPO / "tests" / "fixtures" / "tools" / "retail.json"
 DEFINITIONS = json.loads(RETAIL.read_text())
@@ -70,7 +70,7 @@ def _has_loaded_torch(process: psutil.Process) -> bool:
 
 
 def _gate_processes() -> list[psutil.Process]:
-    return [child for child in psutil.Process().children() if "trainer.validate_job" in " ".join(child.cmdline())]
+    return [child for child in psutil.Process().children() if "tracefix.trainer.validate_job" in " ".join(child.cmdline())]
 
 
 def test_the_daemon_rejects_a_random_base_model_on_a_planted_gap_with_the_report_stored(
@@ -171,7 +171,7 @@ def test_envs_validate_prints_the_attempts_and_exits_1_when_the_gate_rejects(tmp
     config = tmp_path / "tracefix.toml"
     config.write_text(f'[store]\npath = "{tmp_path / "tracefix.duckdb"}"\n[model]\nmax_new_tokens = 8\nthreads = 1\n')
     result = subprocess.run(
-        [sys.executable, "-m", "daemon.app.cli", "envs", "validate", "tool_call_precision", "--tools", str(RETAIL),
+        [sys.executable, "-m", "tracefix.daemon.app.cli", "envs", "validate", "tool_call_precision", "--tools", str(RETAIL),
          "--seeds", "2", "--group-size", "2", "--model", str(tiny_model), "--config", str(config)],
         cwd=REPO, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "120"},
     )  # fmt: skip
@@ -205,7 +205,7 @@ def test_a_malformed_request_exits_non_zero_with_a_clear_reason(tmp_path: Path, 
     request, report = tmp_path / "request.json", tmp_path / "report.json"
     request.write_text(text)
     result = subprocess.run(
-        [sys.executable, "-m", "trainer.validate_job", "--request", str(request), "--report", str(report)],
+        [sys.executable, "-m", "tracefix.trainer.validate_job", "--request", str(request), "--report", str(report)],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 1
@@ -218,7 +218,7 @@ def test_a_memory_limit_too_small_for_the_model_is_reported_as_such(tmp_path: Pa
     request, report = tmp_path / "request.json", tmp_path / "report.json"
     request.write_text(json.dumps({**REQUEST, "gate": {**REQUEST["gate"], "memory_mb": 256}}))
     result = subprocess.run(
-        [sys.executable, "-m", "trainer.validate_job", "--request", str(request), "--report", str(report)],
+        [sys.executable, "-m", "tracefix.trainer.validate_job", "--request", str(request), "--report", str(report)],
         cwd=REPO, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 1 and not report.exists()

@@ -96,7 +96,7 @@ class RealVllm:
 
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
-    from trainer import model as models
+    from tracefix.trainer import model as models
 
     return models.resolve(models.EMBEDDED, REPO / ".tracefix" / "models")
 

@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from daemon.core.settings import CapabilitySettings
-from daemon.pipeline.synthesis import stored_definitions
+from tracefix.daemon.core.settings import CapabilitySettings
+from tracefix.daemon.pipeline.synthesis import stored_definitions
 from examples.airline import Database, conversation, run_conversations
 from examples.airline.tools import TOOLS, execute
-from trainer.environment import Family, Message, Tool, assistant_call, load_tools, rollout, solution_policy
-from trainer.families import load_families
-from trainer.result_shapes import learn
-from trainer.world import World, is_write, required
+from tracefix.trainer.environment import Family, Message, Tool, assistant_call, load_tools, rollout, solution_policy
+from tracefix.trainer.families import load_families
+from tracefix.trainer.result_shapes import learn
+from tracefix.trainer.world import World, is_write, required
 
 SEEDS = range(10)
 _ID_FIELD = re.compile(r"(^|_)(id|number|code|ref|reference)$")

@@ -7,7 +7,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.environment import Environment, noop_policy, random_policy, rollout, solution_policy
+from tracefix.trainer.environment import Environment, noop_policy, random_policy, rollout, solution_policy
 
 FLOOR = 0.3  # the mean reward a no-op or random policy must stay under
 

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer.environment import Instance, Message, StepResult
-from trainer.rollouts import demonstration
+from tracefix.trainer.environment import Instance, Message, StepResult
+from tracefix.trainer.rollouts import demonstration
 
 
 class RecordedConversation(Instance):
@@ -61,7 +61,7 @@ def conversation_sequence(tokenizer: Any, messages: Sequence[Message], max_lengt
 def read_conversations(path: str | Path) -> tuple[list[Any], list[Any]]:
     """A generalist run's ``conversations.json``: the conversations it learned from and those it was
     scored on. ``RequestError`` when the file cannot be read as that."""
-    from trainer.jobs import RequestError
+    from tracefix.trainer.jobs import RequestError
 
     try:
         data = json.loads(Path(path).read_text())

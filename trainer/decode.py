@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.prefix_cache import positions
+from tracefix.trainer.prefix_cache import positions
 
 LET_GO = True  # a finished row leaves the batch at once; off only to measure it (rows then run to the longest, as in ``generate``)
 
@@ -67,7 +67,7 @@ def decode(
     import torch
     from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
-    from trainer.opening_attention import OpeningCache
+    from tracefix.trainer.opening_attention import OpeningCache
 
     rows, greedy = input_ids.shape[0], set(greedy)
     sample = temperature > 0

@@ -21,8 +21,8 @@ from typing import Any
 
 import orjson
 
-from trainer.result_shapes import conformance
-from trainer.world import World
+from tracefix.trainer.result_shapes import conformance
+from tracefix.trainer.world import World
 
 Message = dict[str, Any]
 Policy = Callable[[list[Message]], Message]

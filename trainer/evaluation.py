@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from daemon.core.intervals import Z95, mcnemar_p, paired_difference, wilson
-from trainer.environment import Environment
-from trainer.grpo import adapter_weights
-from trainer.rollouts import Sampling, play_in_batches
+from tracefix.daemon.core.intervals import Z95, mcnemar_p, paired_difference, wilson
+from tracefix.trainer.environment import Environment
+from tracefix.trainer.grpo import adapter_weights
+from tracefix.trainer.rollouts import Sampling, play_in_batches
 
 def mean_interval(values: list[float], z: float = Z95) -> tuple[float, float]:
     if len(values) < 2:

@@ -1,4 +1,4 @@
-"""The gate-training subprocess: ``python -m trainer.gate_job --request R --output G``.
+"""The gate-training subprocess: ``python -m tracefix.trainer.gate_job --request R --output G``.
 
 Trains the token-level gate (routing mode ``gate``) for exactly the live adapters named in the
 request. Its data are successful synthetic trajectories: each live adapter's environment's
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trainer.jobs import RequestError, exit_with_parent, limit_memory, read_request, run_job, write_atomically
+from tracefix.trainer.jobs import RequestError, exit_with_parent, limit_memory, read_request, run_job, write_atomically
 
 REQUIRED = ("model", "adapters", "examples_per_adapter", "steps")
 
@@ -24,9 +24,9 @@ REQUIRED = ("model", "adapters", "examples_per_adapter", "steps")
 def trajectories(request: dict[str, Any], tokenizer: Any) -> list[tuple[list[dict[str, Any]], int]]:
     """(messages, slot) of successful solutions: each adapter's own family on its slot; families
     without a live adapter, on the first adapter's tools, on the base slot."""
-    from trainer.environment import Environment
-    from trainer.families import build_environment, load_families
-    from trainer.rollouts import demonstration
+    from tracefix.trainer.environment import Environment
+    from tracefix.trainer.families import build_environment, load_families
+    from tracefix.trainer.rollouts import demonstration
 
     families = load_families()
     per_family = int(request["examples_per_adapter"])
@@ -48,10 +48,10 @@ def trajectories(request: dict[str, Any], tokenizer: Any) -> list[tuple[list[dic
 
 
 def train(request: dict[str, Any], output: Path) -> dict[str, Any]:
-    from trainer.gate import GatedExperts
-    from trainer import model as models
-    from trainer.adapters import load_adapter
-    from trainer.gate_training import examples_from_trajectories, train_gate
+    from tracefix.trainer.gate import GatedExperts
+    from tracefix.trainer import model as models
+    from tracefix.trainer.adapters import load_adapter
+    from tracefix.trainer.gate_training import examples_from_trajectories, train_gate
 
     settings = request["model"]
     network, tokenizer = models.load(settings["name"], Path(settings["cache_dir"]))
@@ -69,7 +69,7 @@ def train(request: dict[str, Any], output: Path) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.gate_job", description="Train the token-level gate for the live adapters.")
+    parser = argparse.ArgumentParser(prog="python -m tracefix.trainer.gate_job", description="Train the token-level gate for the live adapters.")
     parser.add_argument("--request", type=Path, required=True)
     parser.add_argument("--output", type=Path, required=True)
     arguments = parser.parse_args(argv)

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from trainer.environment import Message
-from trainer.rollouts import ChatTokens
+from tracefix.trainer.environment import Message
+from tracefix.trainer.rollouts import ChatTokens
 
 if TYPE_CHECKING:
-    from trainer.gate import GatedExperts
+    from tracefix.trainer.gate import GatedExperts
 
 IGNORE = -100  # the label of tokens the gate is not trained on
 

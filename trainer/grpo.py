@@ -41,11 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daemon.core.settings import TrainingSettings
-from trainer.environment import Environment
-from trainer.jobs import write_atomically
-from trainer.policy_loss import Completion, LossStats, group_backward, group_logprobs
-from trainer.rollouts import Sampling, TokenRollout, generate_rollouts
+from tracefix.daemon.core.settings import TrainingSettings
+from tracefix.trainer.environment import Environment
+from tracefix.trainer.jobs import write_atomically
+from tracefix.trainer.policy_loss import Completion, LossStats, group_backward, group_logprobs
+from tracefix.trainer.rollouts import Sampling, TokenRollout, generate_rollouts
 
 log = logging.getLogger(__name__)
 

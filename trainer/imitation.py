@@ -16,11 +16,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from daemon.core.settings import TrainingSettings
-from trainer.adapters import base_model_hash, save_adapter
-from trainer.conversations import conversation_sequence, read_conversations
-from trainer.environment import Message
-from trainer.recipes import Progress, load_policy, supervised
+from tracefix.daemon.core.settings import TrainingSettings
+from tracefix.trainer.adapters import base_model_hash, save_adapter
+from tracefix.trainer.conversations import conversation_sequence, read_conversations
+from tracefix.trainer.environment import Message
+from tracefix.trainer.recipes import Progress, load_policy, supervised
 
 RECIPE = "imitation"
 
@@ -63,10 +63,10 @@ def run_generalist(request: dict[str, Any], run_dir: Path, progress: Progress | 
     reads (as `trainer.train_job.run_training` does for a targeted run)."""
     import time
 
-    from trainer import model as models
-    from trainer.jobs import RequestError
-    from trainer.next_action import compare_next_actions
-    from trainer.rollouts import Sampling
+    from tracefix.trainer import model as models
+    from tracefix.trainer.jobs import RequestError
+    from tracefix.trainer.next_action import compare_next_actions
+    from tracefix.trainer.rollouts import Sampling
     from pydantic import ValidationError
 
     started = time.monotonic()

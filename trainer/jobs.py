@@ -88,7 +88,7 @@ def out_of_memory(error: RuntimeError, memory_setting: str) -> str | None:
 def run_job(what: str, body: Callable[[], None], memory_setting: str = "memory_mb") -> int:
     """Run a job's body and turn its failure into an exit status with the reason as the last line
     of stderr (which the daemon records): 0 done, 1 failed."""
-    from trainer.model import ModelUnavailable
+    from tracefix.trainer.model import ModelUnavailable
 
     try:
         body()

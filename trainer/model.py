@@ -103,7 +103,7 @@ def load(model: str, cache_dir: Path, dtype: str = "float32") -> tuple[Any, Any]
     setting: "auto" is bfloat16 where the CPU multiplies it natively, ``trainer.precision``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer import precision
+    from tracefix.trainer import precision
 
     path = resolve(model, cache_dir)
     tokenizer = AutoTokenizer.from_pretrained(path)

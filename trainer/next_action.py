@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from statistics import fmean
 from typing import Any, Literal
 
-from daemon.core.intervals import mcnemar_p, paired_difference, wilson
-from trainer.environment import Message, assistant_text, parse_assistant
-from trainer.prefix_cache import MIN_PREFIX, common_prefix, layout, prefill
-from trainer.rollouts import ChatTokens, Sampling
+from tracefix.daemon.core.intervals import mcnemar_p, paired_difference, wilson
+from tracefix.trainer.environment import Message, assistant_text, parse_assistant
+from tracefix.trainer.prefix_cache import MIN_PREFIX, common_prefix, layout, prefill
+from tracefix.trainer.rollouts import ChatTokens, Sampling
 
 BATCH = 16  # prompts per decode pass
 
@@ -140,8 +140,8 @@ def written(model: Any, tokenizer: Any, prompts: Sequence[list[int] | None], max
     """The model's greedy turn after each prompt as text (None for None), ``batch`` prompts per
     decode, shortest first so that a batch pads little; their common opening is prefilled once
     and shared by the rows (``trainer.prefix_cache``), as in the rollouts."""
-    from trainer.decode import decode
-    from trainer.opening_attention import rows_cache
+    from tracefix.trainer.decode import decode
+    from tracefix.trainer.opening_attention import rows_cache
 
     order = sorted((index for index, ids in enumerate(prompts) if ids is not None), key=lambda index: len(prompts[index] or []))
     texts: list[str | None] = [None] * len(prompts)
@@ -202,7 +202,7 @@ def compare_next_actions(
     of the pairs."""
     if not hasattr(model, "disable_adapter"):
         raise TypeError("compare_next_actions needs a PEFT model: its base is scored with the adapter disabled")
-    from trainer.grpo import adapter_weights
+    from tracefix.trainer.grpo import adapter_weights
 
     with model.disable_adapter() if reference is None else adapter_weights(model, reference):
         base = next_actions(model, tokenizer, conversations, sampling, batch)

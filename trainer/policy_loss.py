@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from trainer.output_layer import scored_logits
+from tracefix.trainer.output_layer import scored_logits
 
 
 @dataclass(slots=True)

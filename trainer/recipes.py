@@ -32,13 +32,13 @@ from typing import Any
 
 from transformers import PrinterCallback, TrainerCallback
 
-from daemon.core.settings import TrainingSettings
-from trainer import precision
-from trainer.conversations import conversation_sequence
-from trainer.environment import Environment, Message
-from trainer.grpo import grpo, latest_checkpoint, lora_state, validation_rank
-from trainer.model import training_device
-from trainer.rollouts import Sampling, demonstration
+from tracefix.daemon.core.settings import TrainingSettings
+from tracefix.trainer import precision
+from tracefix.trainer.conversations import conversation_sequence
+from tracefix.trainer.environment import Environment, Message
+from tracefix.trainer.grpo import grpo, latest_checkpoint, lora_state, validation_rank
+from tracefix.trainer.model import training_device
+from tracefix.trainer.rollouts import Sampling, demonstration
 
 Progress = Callable[[dict[str, Any]], None]
 BUDGET_SHARE = 0.5  # of timeout_s, for the recipes; the held-out evaluation needs the rest
@@ -138,7 +138,7 @@ def supervised(
     from datasets import Dataset
     from trl import SFTConfig
 
-    from trainer.shared_prefix import SharedPrefixSFTTrainer
+    from tracefix.trainer.shared_prefix import SharedPrefixSFTTrainer
 
     rows = [{"input_ids": ids, "assistant_masks": policy} for ids, policy in sequences]
     arguments = SFTConfig(
@@ -197,7 +197,7 @@ class _WarmStartProgress(TrainerCallback):
 def validation_score(model: Any, tokenizer: Any, environment: Environment, config: TrainingSettings) -> dict[str, Any]:
     from dataclasses import asdict
 
-    from trainer.evaluation import score
+    from tracefix.trainer.evaluation import score
 
     sampling = Sampling(config.new_tokens, 0.0, max_length=config.max_length)
     found = score(model, tokenizer, environment, config.validation_range, sampling)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from trainer.environment import Instance, Message, StepResult, Tool, render_system_prompt
-from trainer.rollouts import Sampling, generate_rollouts
+from tracefix.trainer.environment import Instance, Message, StepResult, Tool, render_system_prompt
+from tracefix.trainer.rollouts import Sampling, generate_rollouts
 
 
 class _FirstTurn(Instance):

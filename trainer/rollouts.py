@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.decode import decode
-from trainer.environment import Instance, Message, Rollout
-from trainer.prefix_cache import MIN_PREFIX, common_prefix, layout, prefill
+from tracefix.trainer.decode import decode
+from tracefix.trainer.environment import Instance, Message, Rollout
+from tracefix.trainer.prefix_cache import MIN_PREFIX, common_prefix, layout, prefill
 
 CARRY_TURNS = True  # a batch's cache carried from turn to turn (``_generate``); off only to measure it
 
@@ -287,7 +287,7 @@ def _generate(
     (None where the opening is not shared)."""
     import torch
 
-    from trainer import opening_attention
+    from tracefix.trainer import opening_attention
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     starts = starts or [[] for _ in episodes]

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from trl import SFTTrainer
 
-from trainer.output_layer import scored_logits
+from tracefix.trainer.output_layer import scored_logits
 
 MIN_PREFIX = 16  # below this many shared tokens the plain forward pass is as cheap
 

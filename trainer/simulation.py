@@ -13,8 +13,8 @@ from jsonschema import FormatChecker
 from jsonschema.exceptions import best_match
 from jsonschema.validators import validator_for
 
-from trainer.environment import Tool
-from trainer.world import id_parameters
+from tracefix.trainer.environment import Tool
+from tracefix.trainer.world import id_parameters
 
 
 def derive_seed(*parts: Any) -> int:

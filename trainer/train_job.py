@@ -5,7 +5,7 @@ the generalist instead of the bare base, and must keep the generalist's next act
 conversations the generalist was scored on (``retention``). Run by the daemon as a
 subprocess (bounded memory, killable, resumable from its checkpoints):
 
-    python -m trainer.train_job --request REQUEST.json --run-dir RUN_DIR
+    python -m tracefix.trainer.train_job --request REQUEST.json --run-dir RUN_DIR
 
 Progress goes to ``RUN_DIR/progress.jsonl`` (one JSON record per step, flushed), the outcome to
 ``RUN_DIR/result.json`` (written atomically): verdict ``candidate`` or ``rejected_by_eval`` with the
@@ -26,19 +26,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from daemon.core.contracts import training_request
-from daemon.core.settings import TrainingSettings
-from trainer.adapters import AdapterRejected, base_model_hash, save_adapter, verify_adapter
-from trainer.environment import Environment
-from trainer.evaluation import compare
-from trainer.families import build_environment, load_families
-from trainer.model import training_device
-from trainer.conversations import read_conversations
-from trainer.next_action import compare_next_actions
-from trainer.recipes import Rehearsal, train
-from trainer.replay import replay
-from trainer.rollouts import Sampling
-from trainer.jobs import RequestError, exit_with_parent, limit_memory, read_request, run_job, write_atomically
+from tracefix.daemon.core.contracts import training_request
+from tracefix.daemon.core.settings import TrainingSettings
+from tracefix.trainer.adapters import AdapterRejected, base_model_hash, save_adapter, verify_adapter
+from tracefix.trainer.environment import Environment
+from tracefix.trainer.evaluation import compare
+from tracefix.trainer.families import build_environment, load_families
+from tracefix.trainer.model import training_device
+from tracefix.trainer.conversations import read_conversations
+from tracefix.trainer.next_action import compare_next_actions
+from tracefix.trainer.recipes import Rehearsal, train
+from tracefix.trainer.replay import replay
+from tracefix.trainer.rollouts import Sampling
+from tracefix.trainer.jobs import RequestError, exit_with_parent, limit_memory, read_request, run_job, write_atomically
 
 
 
@@ -98,7 +98,7 @@ def training_settings(request: dict[str, Any]) -> TrainingSettings:
 
 def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Train, evaluate and (when it earns it) save the adapter; returns the result record."""
-    from trainer import model as models
+    from tracefix.trainer import model as models
 
     request = parsed(request)
     started = time.monotonic()
@@ -204,7 +204,7 @@ def retention(model: Any, tokenizer: Any, held_out: list[Any], sampling: Samplin
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.train_job", description="Train, evaluate and save one adapter.")
+    parser = argparse.ArgumentParser(prog="python -m tracefix.trainer.train_job", description="Train, evaluate and save one adapter.")
     parser.add_argument("--request", type=Path, required=True)
     parser.add_argument("--run-dir", type=Path, required=True)
     arguments = parser.parse_args(argv)
@@ -227,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log.flush()
 
             if generalist:
-                from trainer.imitation import run_generalist
+                from tracefix.trainer.imitation import run_generalist
 
                 result = run_generalist(request, arguments.run_dir, progress)
             else:

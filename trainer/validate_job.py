@@ -1,7 +1,7 @@
 """The validation gate against the real base model, run as a subprocess of the daemon so that its
 memory (RLIMIT_AS) and time are bounded and it can be killed:
 
-    python -m trainer.validate_job --request REQUEST.json --report REPORT.json
+    python -m tracefix.trainer.validate_job --request REQUEST.json --report REPORT.json
 
 The request carries the family name, difficulty, tool definitions, model settings (name,
 cache_dir, max_new_tokens, threads) and gate settings; the report is the gate's report plus the
@@ -19,15 +19,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from daemon.core.settings import ValidationSettings
-from trainer.environment import Family, Instance, Tool
-from trainer.families import build_environment
-from trainer.jobs import RequestError, allocation_failed, exit_with_parent, limit_memory, write_atomically
-from trainer.jobs import read_request as read_request_keys
-from trainer.model import ModelUnavailable
-from trainer.precision import UnsupportedDtype
-from trainer.rollouts import Sampling, play_in_batches
-from trainer.validation import HintedInstance, validate
+from tracefix.daemon.core.settings import ValidationSettings
+from tracefix.trainer.environment import Family, Instance, Tool
+from tracefix.trainer.families import build_environment
+from tracefix.trainer.jobs import RequestError, allocation_failed, exit_with_parent, limit_memory, write_atomically
+from tracefix.trainer.jobs import read_request as read_request_keys
+from tracefix.trainer.model import ModelUnavailable
+from tracefix.trainer.precision import UnsupportedDtype
+from tracefix.trainer.rollouts import Sampling, play_in_batches
+from tracefix.trainer.validation import HintedInstance, validate
 
 MODEL_KEYS = ("name", "cache_dir", "max_new_tokens", "threads")
 GATE_KEYS = ("seeds", "group_size", "mean_low", "mean_high", "min_std", "min_variance_groups", "hint_shares")
@@ -45,8 +45,8 @@ def run_gate(
     prefilled once, a row leaving the batch when its turn ends)."""
     import torch
 
-    from trainer import model as models
-    from trainer.evaluation import BATCH
+    from tracefix.trainer import model as models
+    from tracefix.trainer.evaluation import BATCH
 
     started = time.monotonic()
     if model_settings["threads"]:
@@ -89,7 +89,7 @@ def read_request(path: Path) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m trainer.validate_job", description="Run the validation gate for one environment."
+        prog="python -m tracefix.trainer.validate_job", description="Run the validation gate for one environment."
     )
     parser.add_argument("--request", type=Path, required=True, help="request JSON written by the daemon")
     parser.add_argument("--report", type=Path, required=True, help="where the report JSON goes")

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from daemon.core.settings import ValidationSettings
-from trainer.environment import Environment, Family, Instance, Message, Policy, Tool, rollout
+from tracefix.daemon.core.settings import ValidationSettings
+from tracefix.trainer.environment import Environment, Family, Instance, Message, Policy, Tool, rollout
 
 # A policy for one rollout: (instance, index of the rollout within its group) -> policy.
 PolicyFactory = Callable[[Instance, int], Policy]

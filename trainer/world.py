@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from faker import Faker
 
-from daemon.core.settings import CapabilitySettings
+from tracefix.daemon.core.settings import CapabilitySettings
 
-from trainer.result_shapes import dress
+from tracefix.trainer.result_shapes import dress
 
 if TYPE_CHECKING:  # the environment module builds each instance's World: only the type is needed here
-    from trainer.environment import Tool
+    from tracefix.trainer.environment import Tool
 
 READ_PREFIXES = ("get_", "list_", "search_", "find_", "lookup_", "check_", "read_", "fetch_", "show_", "query_")
 # Without the daemon's settings (a tool not marked): the default [capabilities] state_changing_prefixes.

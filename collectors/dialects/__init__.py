@@ -16,14 +16,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from collectors.dialects.model import Message, SpanView, ToolCallRequest, ToolDefinition, ToolExecution, _Span
-from collectors.dialects.values import _first_text
-from collectors.dialects.shapes import _gather_flattened, _STRUCTURED_KEYS
-from collectors.dialects.genai import _read_genai
-from collectors.dialects.openinference import _read_openinference
-from collectors.dialects.indexed import _read_indexed
-from collectors.dialects.traceloop import _read_traceloop
-from collectors.dialects.events import _read_events
+from tracefix.collectors.dialects.model import Message, SpanView, ToolCallRequest, ToolDefinition, ToolExecution, _Span
+from tracefix.collectors.dialects.values import _first_text
+from tracefix.collectors.dialects.shapes import _gather_flattened, _STRUCTURED_KEYS
+from tracefix.collectors.dialects.genai import _read_genai
+from tracefix.collectors.dialects.openinference import _read_openinference
+from tracefix.collectors.dialects.indexed import _read_indexed
+from tracefix.collectors.dialects.traceloop import _read_traceloop
+from tracefix.collectors.dialects.events import _read_events
 
 __all__ = [
     "Message",

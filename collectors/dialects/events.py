@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectors.dialects.model import Message, SpanView
-from collectors.dialects.values import _decode, _optional_text, _UNPARSEABLE
-from collectors.dialects.shapes import _openai_message, _STRUCTURED_KEYS, _system_text
-from collectors.dialects.genai import _read_genai_content
+from tracefix.collectors.dialects.model import Message, SpanView
+from tracefix.collectors.dialects.values import _decode, _optional_text, _UNPARSEABLE
+from tracefix.collectors.dialects.shapes import _openai_message, _STRUCTURED_KEYS, _system_text
+from tracefix.collectors.dialects.genai import _read_genai_content
 
 _INFERENCE_DETAILS_EVENT = "gen_ai.client.inference.operation.details"
 

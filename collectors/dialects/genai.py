@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectors.dialects.model import _Span, Message, SpanView, ToolCallRequest, ToolDefinition, ToolExecution
-from collectors.dialects.values import _arguments, _decode, _optional_text, _role, _schema, _text, _UNPARSEABLE
-from collectors.dialects.shapes import _error, _openai_message, _parts_text, _system_text
+from tracefix.collectors.dialects.model import _Span, Message, SpanView, ToolCallRequest, ToolDefinition, ToolExecution
+from tracefix.collectors.dialects.values import _arguments, _decode, _optional_text, _role, _schema, _text, _UNPARSEABLE
+from tracefix.collectors.dialects.shapes import _error, _openai_message, _parts_text, _system_text
 
 def _read_genai(view: SpanView, span: _Span) -> None:
     view.dialect = "genai"

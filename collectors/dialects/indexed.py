@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectors.dialects.model import Message, SpanView, ToolCallRequest
-from collectors.dialects.values import _arguments, _optional_text, _role, _text
-from collectors.dialects.shapes import _content, _ordered, _system_text
-from collectors.dialects.genai import _tool_definition
+from tracefix.collectors.dialects.model import Message, SpanView, ToolCallRequest
+from tracefix.collectors.dialects.values import _arguments, _optional_text, _role, _text
+from tracefix.collectors.dialects.shapes import _content, _ordered, _system_text
+from tracefix.collectors.dialects.genai import _tool_definition
 
 def _read_indexed(view: SpanView, attributes: dict[str, Any], groups: dict[str, dict]) -> None:
     view.dialect = "genai_indexed"

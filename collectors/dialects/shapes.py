@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectors.dialects.model import _Span, Message, ToolCallRequest
-from collectors.dialects.values import _arguments, _decode, _optional_text, _role, _text
+from tracefix.collectors.dialects.model import _Span, Message, ToolCallRequest
+from tracefix.collectors.dialects.values import _arguments, _decode, _optional_text, _role, _text
 
 _STRUCTURED_KEYS = (
     "gen_ai.input.messages",

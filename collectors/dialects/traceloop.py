@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectors.dialects.model import _Span, SpanView, ToolExecution
-from collectors.dialects.values import _decode, _dumps, _optional_text, _text, _unquoted
-from collectors.dialects.shapes import _error
+from tracefix.collectors.dialects.model import _Span, SpanView, ToolExecution
+from tracefix.collectors.dialects.values import _decode, _dumps, _optional_text, _text, _unquoted
+from tracefix.collectors.dialects.shapes import _error
 
 _TRACELOOP_OPERATIONS = {
     "workflow": "workflow",

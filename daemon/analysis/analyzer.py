@@ -19,17 +19,17 @@ from typing import Any
 
 import orjson
 
-from daemon.core import metrics
-from daemon.analysis.capabilities import (
+from tracefix.daemon.core import metrics
+from tracefix.daemon.analysis.capabilities import (
     Capability, CapabilityRegistry, Evaluation, Judgement, Label, ToolCall, ToolSpec, Trajectory, Turn,
 )  # fmt: skip
-from daemon.analysis.builtin_capabilities import PreconditionVerification
-from daemon.analysis.evaluation_labels import EvaluationLabeler, log_evaluation, span_evaluations
-from daemon.analysis.profile import CONSULTING, AgentProfile, Profiles, derive, instructions_of, unknown_agents
-from daemon.core.settings import AnalysisSettings, CapabilitySettings
-from daemon.core.json_types import json_type
-from daemon.store.labels import Thresholds
-from daemon.store.store import AnalysisStore, Store
+from tracefix.daemon.analysis.builtin_capabilities import PreconditionVerification
+from tracefix.daemon.analysis.evaluation_labels import EvaluationLabeler, log_evaluation, span_evaluations
+from tracefix.daemon.analysis.profile import CONSULTING, AgentProfile, Profiles, derive, instructions_of, unknown_agents
+from tracefix.daemon.core.settings import AnalysisSettings, CapabilitySettings
+from tracefix.daemon.core.json_types import json_type
+from tracefix.daemon.store.labels import Thresholds
+from tracefix.daemon.store.store import AnalysisStore, Store
 
 log = logging.getLogger(__name__)
 

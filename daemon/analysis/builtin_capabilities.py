@@ -19,9 +19,9 @@ import fastjsonschema
 import jsonschema
 import orjson
 
-from daemon.analysis.capabilities import Capability, Judgement, Label, ToolCall, Trajectory
-from daemon.analysis.profile import AgentProfile, Observation
-from daemon.core.settings import CapabilitySettings
+from tracefix.daemon.analysis.capabilities import Capability, Judgement, Label, ToolCall, Trajectory
+from tracefix.daemon.analysis.profile import AgentProfile, Observation
+from tracefix.daemon.core.settings import CapabilitySettings
 
 RULES_VERSION = "1"
 

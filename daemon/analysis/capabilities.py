@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from daemon.core.settings import CapabilitySettings
+from tracefix.daemon.core.settings import CapabilitySettings
 
 if TYPE_CHECKING:
-    from daemon.analysis.profile import AgentProfile
+    from tracefix.daemon.analysis.profile import AgentProfile
 
 log = logging.getLogger(__name__)
 

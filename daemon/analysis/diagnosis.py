@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from daemon.core.settings import Settings
+from tracefix.daemon.core.settings import Settings
 
 RULES_ONLY = "rules_only_unexplained_failures"
 CAPABILITIES_DOC = "docs/capabilities.md"

@@ -9,10 +9,10 @@ from typing import Any
 
 import jsonschema
 
-from daemon.analysis.capabilities import Trajectory
-from daemon.analysis.llm_client import ChatClient, ask, one_line, parse_reply
-from daemon.analysis.transcript import render_transcript
-from daemon.core.settings import CAPABILITY_NAME, LLMSettings
+from tracefix.daemon.analysis.capabilities import Trajectory
+from tracefix.daemon.analysis.llm_client import ChatClient, ask, one_line, parse_reply
+from tracefix.daemon.analysis.transcript import render_transcript
+from tracefix.daemon.core.settings import CAPABILITY_NAME, LLMSettings
 
 DISCOVERY_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 
-from daemon.analysis.capabilities import Capability, CapabilityRegistry, Evaluation, Judgement, Label, Labeler, Trajectory
-from daemon.core.semconv import EVALUATION_EVENT, decoded, event_attributes
-from daemon.core.settings import EvaluationMapping
+from tracefix.daemon.analysis.capabilities import Capability, CapabilityRegistry, Evaluation, Judgement, Label, Labeler, Trajectory
+from tracefix.daemon.core.semconv import EVALUATION_EVENT, decoded, event_attributes
+from tracefix.daemon.core.settings import EvaluationMapping
 
 _VERSION = "1"  # of the mapping rules below; a change relabels every mapped capability
 _MAX_REASON = 1000

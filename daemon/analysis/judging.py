@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from daemon.analysis.analyzer import Analyzer
-from daemon.analysis.capabilities import Capability, Judgement, Label, Trajectory
-from daemon.analysis.llm_client import CallsStopped, ChatClient
-from daemon.core import metrics
-from daemon.core.settings import LLMSettings
+from tracefix.daemon.analysis.analyzer import Analyzer
+from tracefix.daemon.analysis.capabilities import Capability, Judgement, Label, Trajectory
+from tracefix.daemon.analysis.llm_client import CallsStopped, ChatClient
+from tracefix.daemon.core import metrics
+from tracefix.daemon.core.settings import LLMSettings
 
 log = logging.getLogger(__name__)
 

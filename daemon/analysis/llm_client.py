@@ -27,7 +27,7 @@ import httpx
 import jsonschema
 import orjson
 
-from daemon.core.settings import LLMSettings
+from tracefix.daemon.core.settings import LLMSettings
 
 # Seconds slept before retrying after a transport error or a retryable HTTP status (times 2**attempt).
 RETRY_BACKOFF_S = 0.25

@@ -29,8 +29,8 @@ from typing import Any
 
 import jsonschema
 
-from daemon.analysis.capabilities import Capability, Judgement, Label, Trajectory, Turn
-from daemon.analysis.llm_client import (
+from tracefix.daemon.analysis.capabilities import Capability, Judgement, Label, Trajectory, Turn
+from tracefix.daemon.analysis.llm_client import (
     CORRECTION_PROMPT,
     ChatClient,
     LLMOutputError,
@@ -39,8 +39,8 @@ from daemon.analysis.llm_client import (
     one_line,
     parse_reply,
 )
-from daemon.analysis.transcript import render_transcript
-from daemon.core.settings import ConfigError, LLMSettings
+from tracefix.daemon.analysis.transcript import render_transcript
+from tracefix.daemon.core.settings import ConfigError, LLMSettings
 
 LABEL_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",

@@ -36,7 +36,7 @@ from typing import Any
 
 import orjson
 
-from daemon.core.settings import AgentSettings
+from tracefix.daemon.core.settings import AgentSettings
 
 MIN_OBSERVED = 10  # successful runs that change state before the observed share decides a rule
 KEPT = 0.8  # a rule kept in at least this share of them is the agent's; in fewer, it is not

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 
-from daemon.analysis.capabilities import CapabilityRegistry, load_registry
-from daemon.analysis.evaluation_labels import label_with_evaluations
-from daemon.analysis.llm_labeler import llm_capabilities
-from daemon.core.settings import CapabilitySettings, LLMSettings
+from tracefix.daemon.analysis.capabilities import CapabilityRegistry, load_registry
+from tracefix.daemon.analysis.evaluation_labels import label_with_evaluations
+from tracefix.daemon.analysis.llm_labeler import llm_capabilities
+from tracefix.daemon.core.settings import CapabilitySettings, LLMSettings
 
 log = logging.getLogger(__name__)
 

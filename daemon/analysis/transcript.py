@@ -6,8 +6,8 @@ from typing import Any
 
 import orjson
 
-from daemon.analysis.capabilities import ToolCall, Trajectory
-from daemon.analysis.llm_client import one_line
+from tracefix.daemon.analysis.capabilities import ToolCall, Trajectory
+from tracefix.daemon.analysis.llm_client import one_line
 
 
 def _cut_middle(text: str, limit: int) -> str:

@@ -16,10 +16,10 @@ from typing import Any
 
 import orjson
 
-from daemon.core import metrics, tracks
-from daemon.analysis.capabilities import CapabilityRegistry
-from daemon.core.settings import AnalysisSettings, CapabilitySettings, TriggerSettings
-from daemon.store.store import (
+from tracefix.daemon.core import metrics, tracks
+from tracefix.daemon.analysis.capabilities import CapabilityRegistry
+from tracefix.daemon.core.settings import AnalysisSettings, CapabilitySettings, TriggerSettings
+from tracefix.daemon.store.store import (
     CAPABILITY_STATES, COOLDOWN, GAP_DETECTED, HEALTHY, PIPELINE_STATES, WATCHING, AnalysisStore, Store,
 )  # fmt: skip
 

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from daemon.app.routes import adapters, agents, capabilities, health, pipeline, routing, status, trajectories
-from daemon.core.auth import api_token
+from tracefix.daemon.app.routes import adapters, agents, capabilities, health, pipeline, routing, status, trajectories
+from tracefix.daemon.core.auth import api_token
 
 if TYPE_CHECKING:
-    from daemon.app.service import Daemon
+    from tracefix.daemon.app.service import Daemon
 
 VERSION = "0.1.0"
 ROUTERS = (

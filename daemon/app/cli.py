@@ -10,14 +10,14 @@ from typing import Any
 
 import click
 
-from daemon.app import cli_adapters, cli_analysis, cli_training
-from daemon.app.cli_common import config_option, json_option, log_to_stderr, print_json, settings_from
-from daemon.core.settings import ConfigError
+from tracefix.daemon.app import cli_adapters, cli_analysis, cli_training
+from tracefix.daemon.app.cli_common import config_option, json_option, log_to_stderr, print_json, settings_from
+from tracefix.daemon.core.settings import ConfigError
 
 
 def _serve(config_path: Path | None) -> None:
-    from daemon.app.service import Daemon
-    from daemon.store.store import StoreError
+    from tracefix.daemon.app.service import Daemon
+    from tracefix.daemon.store.store import StoreError
 
     settings = settings_from(config_path)
     log_to_stderr()
@@ -43,10 +43,10 @@ def daemon(config_path: Path | None) -> None:
 @config_option
 def router_(config_path: Path | None) -> None:
     """Run the router in the foreground: the OpenAI-compatible API serving the base model and the live adapters."""
-    from router.routing import RoutingError
-    from router.server import serve
-    from trainer.model import ModelUnavailable
-    from trainer.precision import UnsupportedDtype
+    from tracefix.router.routing import RoutingError
+    from tracefix.router.server import serve
+    from tracefix.trainer.model import ModelUnavailable
+    from tracefix.trainer.precision import UnsupportedDtype
 
     settings = settings_from(config_path)
     log_to_stderr()
@@ -63,7 +63,7 @@ def dashboard_(config_path: Path | None) -> None:
     import importlib.util
     import os
 
-    from dashboard.launch import streamlit_argv
+    from tracefix.dashboard.launch import streamlit_argv
 
     settings = settings_from(config_path)
     if importlib.util.find_spec("streamlit") is None:
@@ -86,7 +86,7 @@ def up(config_path: Path | None, without: tuple[str, ...]) -> None:
     all stop on Ctrl-C or SIGTERM. Logs: tracefix logs NAME."""
     import importlib.util
 
-    from daemon.app import supervisor
+    from tracefix.daemon.app import supervisor
 
     settings = settings_from(config_path)
     names = [name for name in supervisor.NAMES if name not in without]
@@ -105,7 +105,7 @@ def logs(name: str, config_path: Path | None, lines: int, follow: bool) -> None:
     """Show the log of a process started by `tracefix up`."""
     import time
 
-    from daemon.app.supervisor import log_directory, tail
+    from tracefix.daemon.app.supervisor import log_directory, tail
 
     path = log_directory(settings_from(config_path)) / f"{name}.log"
     if not path.exists():
@@ -150,7 +150,7 @@ def demo(
 ) -> None:
     """Run the whole improvement loop on this machine, narrated: the stack, an example agent's
     traffic, the gap, the environment, training, your approval, the canary, before and after."""
-    from daemon.app import demo as guided
+    from tracefix.daemon.app import demo as guided
 
     try:
         status = guided.run(
@@ -193,7 +193,7 @@ def _llm_lines(llm: dict[str, Any]) -> list[str]:
 @json_option
 def status(config_path: Path | None, as_json: bool) -> None:
     """Counts and health of the running daemon."""
-    from daemon.app.client import ApiError, DaemonClient, DaemonUnavailable
+    from tracefix.daemon.app.client import ApiError, DaemonClient, DaemonUnavailable
 
     client = DaemonClient(settings_from(config_path))
     try:
@@ -249,9 +249,9 @@ def import_(
 ) -> None:  # fmt: skip
     """Load runs you already have through the collector: OTLP/JSON (one export request per line, or one
     document), or τ-bench / τ²-bench results or chat transcripts turned into the traces an instrumented agent sends."""
-    from collectors.agent_runs import RunFormatError, trace_requests
-    from collectors.run_formats import read_runs
-    from collectors.importer import ImportFailed, import_file, import_requests
+    from tracefix.collectors.agent_runs import RunFormatError, trace_requests
+    from tracefix.collectors.run_formats import read_runs
+    from tracefix.collectors.importer import ImportFailed, import_file, import_requests
 
     settings = settings_from(config_path)
     host = settings.collector.host if settings.collector.host not in ("0.0.0.0", "::") else "127.0.0.1"

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from daemon.app.cli_common import client_call, config_option, json_option, print_json
+from tracefix.daemon.app.cli_common import client_call, config_option, json_option, print_json
 
 
 @click.group()

@@ -8,7 +8,7 @@ from urllib.parse import quote
 
 import click
 
-from daemon.app.cli_common import (
+from tracefix.daemon.app.cli_common import (
     client_call, config_option, interval_text, json_option, MISSING, print_json, rank_text, rate_text, settings_from,
 )
 

@@ -11,7 +11,7 @@ from typing import Any
 import click
 import orjson
 
-from daemon.core.settings import ConfigError, Settings, load_settings
+from tracefix.daemon.core.settings import ConfigError, Settings, load_settings
 
 config_option = click.option(
     "--config",
@@ -43,7 +43,7 @@ def log_to_stderr() -> None:
 
 
 def client_call(config_path: Path | None, method: str, path: str, body: Any = None, **params: Any) -> Any:
-    from daemon.app.client import ApiError, DaemonClient, DaemonUnavailable
+    from tracefix.daemon.app.client import ApiError, DaemonClient, DaemonUnavailable
 
     client = DaemonClient(settings_from(config_path))
     try:

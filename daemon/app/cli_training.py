@@ -9,9 +9,9 @@ from typing import Any
 import click
 import orjson
 
-from daemon.app.cli_common import client_call, config_option, json_option, print_json, settings_from
-from daemon.core.progress import checkpoints_text, grpo_added_text, progress_text
-from daemon.core.settings import RECIPES
+from tracefix.daemon.app.cli_common import client_call, config_option, json_option, print_json, settings_from
+from tracefix.daemon.core.progress import checkpoints_text, grpo_added_text, progress_text
+from tracefix.daemon.core.settings import RECIPES
 
 
 @click.group()
@@ -21,8 +21,8 @@ def envs() -> None:
 
 
 def _tools(config_path: Path | None, tools_file: Path | None, service: str | None) -> list:
-    from daemon.pipeline.synthesis import stored_definitions, with_state_changing
-    from trainer.environment import load_tools
+    from tracefix.daemon.pipeline.synthesis import stored_definitions, with_state_changing
+    from tracefix.trainer.environment import load_tools
 
     settings = settings_from(config_path).capabilities
     if tools_file is not None:
@@ -46,8 +46,8 @@ def _tools(config_path: Path | None, tools_file: Path | None, service: str | Non
 
 
 def _environment(capability: str, tools: list, difficulty: int):  # type: ignore[no-untyped-def]
-    from trainer.environment import Environment
-    from trainer.families import find_family, load_families
+    from tracefix.trainer.environment import Environment
+    from tracefix.trainer.families import find_family, load_families
 
     try:
         family = find_family(load_families(), capability)
@@ -73,7 +73,7 @@ def envs_list(config_path: Path | None, as_json: bool) -> None:
     """The registered environment families (plugins: the configuration cannot change them, but a
     broken --config is still an error, as for every command)."""
     settings_from(config_path)
-    from trainer.families import load_families
+    from tracefix.trainer.families import load_families
 
     families = [
         {
@@ -107,7 +107,7 @@ def envs_sample(
     config_path: Path | None, as_json: bool,
 ) -> None:  # fmt: skip
     """Print one instance: its opening messages and a replay of its ground-truth solution."""
-    from trainer.environment import rollout, solution_policy
+    from tracefix.trainer.environment import rollout, solution_policy
 
     environment = _environment(capability, _tools(config_path, tools_file, service), difficulty)
     instance = environment.instance(seed)
@@ -144,7 +144,7 @@ def envs_check(
     config_path: Path | None, as_json: bool,
 ) -> None:  # fmt: skip
     """The solution must score 1.0 on every seed; no-op and random policies must score low."""
-    from trainer.checks import check
+    from tracefix.trainer.checks import check
 
     report = check(_environment(capability, _tools(config_path, tools_file, service), difficulty), seeds)
     if as_json:
@@ -179,9 +179,9 @@ def envs_validate(
     service: str | None, difficulty: int, config_path: Path | None, as_json: bool,
 ) -> None:  # fmt: skip
     """The validation gate, in the foreground: can the base model's rewards on this environment teach?"""
-    from trainer.model import ModelUnavailable
-    from trainer.precision import UnsupportedDtype
-    from trainer.validate_job import run_gate
+    from tracefix.trainer.model import ModelUnavailable
+    from tracefix.trainer.precision import UnsupportedDtype
+    from tracefix.trainer.validate_job import run_gate
 
     settings = settings_from(config_path)
     environment = _environment(capability, _tools(config_path, tools_file, service), difficulty)
@@ -240,10 +240,10 @@ def train(
 ) -> None:  # fmt: skip
     """Train, evaluate and save one adapter in the foreground (the daemon does the same on its own for
     every gap it detects). Re-running with the same --output resumes from its checkpoints."""
-    from daemon.pipeline import replay_judge
-    from daemon.pipeline.training_runner import job_settings, train_config
-    from trainer.model import ModelUnavailable
-    from trainer.train_job import run_training
+    from tracefix.daemon.pipeline import replay_judge
+    from tracefix.daemon.pipeline.training_runner import job_settings, train_config
+    from tracefix.trainer.model import ModelUnavailable
+    from tracefix.trainer.train_job import run_training
 
     settings = settings_from(config_path)
     environment = _environment(capability, _tools(config_path, tools_file, service), difficulty)

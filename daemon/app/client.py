@@ -7,8 +7,8 @@ from typing import Any
 
 import httpx
 
-from daemon.core.auth import api_token
-from daemon.core.settings import Settings
+from tracefix.daemon.core.auth import api_token
+from tracefix.daemon.core.settings import Settings
 
 # What the message of an unreachable daemon tells a CLI user to do; the dashboard says its own.
 START_ADVICE = "start it with `tracefix up` (or pass the --config it runs with)"

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from daemon.app.client import ApiError, DaemonClient, DaemonUnavailable
-from daemon.core import generalist, tracks
-from daemon.core.intervals import mcnemar_p, paired_difference, wilson
-from daemon.core.progress import grpo_added_text, progress_text, reference_name, retention_text
-from daemon.core.settings import ENV_PREFIX, Settings, load_settings
-from daemon.app.supervisor import loopback
+from tracefix.daemon.app.client import ApiError, DaemonClient, DaemonUnavailable
+from tracefix.daemon.core import generalist, tracks
+from tracefix.daemon.core.intervals import mcnemar_p, paired_difference, wilson
+from tracefix.daemon.core.progress import grpo_added_text, progress_text, reference_name, retention_text
+from tracefix.daemon.core.settings import ENV_PREFIX, Settings, load_settings
+from tracefix.daemon.app.supervisor import loopback
 from examples.airline.instructions import SERVICE_NAME
 
 if TYPE_CHECKING:  # the runner imports the OpenTelemetry SDK and Faker; the CLI loads this module
@@ -676,7 +676,7 @@ def run(
     from rich.live import Live
     from rich.table import Table
 
-    from daemon.app import supervisor
+    from tracefix.daemon.app import supervisor
 
     started = time.monotonic()  # the demo's clock: its timeline counts from the command, processes' start included
     settings, variables = layered_settings(config_path, fast)

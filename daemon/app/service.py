@@ -13,29 +13,29 @@ from typing import Any
 import uvicorn
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from collectors.grpc_receiver import GrpcReceiver
-from collectors.http_receiver import HttpReceiver
-from collectors.ingest import Ingestor
-from collectors.otlp import Limits
-from collectors.trajectories import Assembler
-from daemon.core import generalist, metrics, tracks
-from daemon.analysis.analyzer import Analyzer
-from daemon.analysis.judging import LLMJudging
-from daemon.app.api import create_api
-from daemon.analysis.registry import build_registry
-from daemon.core.settings import Settings
-from daemon.core.sockets import bind
-from daemon.store.store import CAPABILITY_STATES, HEALTHY, AnalysisStore, Store
-from daemon.pipeline.synthesis import Synthesizer
-from daemon.analysis.trigger import Trigger
-from daemon.promotion.lifecycle import Promotion
-from daemon.store.runs import RunStore
-from daemon.promotion.router_client import RouterAdmin
-from daemon.pipeline.training_runner import TrainingRunner
-from daemon.pipeline.gate_runner import GateRunner
-from daemon.pipeline.validator import Validator
-from daemon.store.writer import BatchedWriter
-from router.protocol import stored_prompt_messages
+from tracefix.collectors.grpc_receiver import GrpcReceiver
+from tracefix.collectors.http_receiver import HttpReceiver
+from tracefix.collectors.ingest import Ingestor
+from tracefix.collectors.otlp import Limits
+from tracefix.collectors.trajectories import Assembler
+from tracefix.daemon.core import generalist, metrics, tracks
+from tracefix.daemon.analysis.analyzer import Analyzer
+from tracefix.daemon.analysis.judging import LLMJudging
+from tracefix.daemon.app.api import create_api
+from tracefix.daemon.analysis.registry import build_registry
+from tracefix.daemon.core.settings import Settings
+from tracefix.daemon.core.sockets import bind
+from tracefix.daemon.store.store import CAPABILITY_STATES, HEALTHY, AnalysisStore, Store
+from tracefix.daemon.pipeline.synthesis import Synthesizer
+from tracefix.daemon.analysis.trigger import Trigger
+from tracefix.daemon.promotion.lifecycle import Promotion
+from tracefix.daemon.store.runs import RunStore
+from tracefix.daemon.promotion.router_client import RouterAdmin
+from tracefix.daemon.pipeline.training_runner import TrainingRunner
+from tracefix.daemon.pipeline.gate_runner import GateRunner
+from tracefix.daemon.pipeline.validator import Validator
+from tracefix.daemon.store.writer import BatchedWriter
+from tracefix.router.protocol import stored_prompt_messages
 
 log = logging.getLogger(__name__)
 

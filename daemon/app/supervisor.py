@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from daemon.core.settings import Settings
+from tracefix.daemon.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ def children(settings: Settings, config_path: Path | None, names: Sequence[str] 
         ),
     }
     started = [
-        Child(name, [sys.executable, "-m", "daemon.app.cli", name, *config], health, listens, timeout, logs / f"{name}.log")
+        Child(name, [sys.executable, "-m", "tracefix.daemon.app.cli", name, *config], health, listens, timeout, logs / f"{name}.log")
         for name in names
         for health, listens, timeout in [specs[name]]
     ]

@@ -7,7 +7,7 @@ import os
 import secrets
 from pathlib import Path
 
-from daemon.core.settings import Settings
+from tracefix.daemon.core.settings import Settings
 
 
 API_TOKEN_FILE = "api.token"

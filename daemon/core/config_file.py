@@ -1,6 +1,6 @@
 """config.toml and docs/configuration.md, rendered from the settings models: their fields are the only source.
 
-`python -m daemon.core.settings --write-config` and `--write-docs` write both files again after a field changes.
+`python -m tracefix.daemon.core.settings --write-config` and `--write-docs` write both files again after a field changes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from daemon.core.settings import _SOURCE_DEFAULTS, ENV_PREFIX, Section, Settings
+from tracefix.daemon.core.settings import _SOURCE_DEFAULTS, ENV_PREFIX, Section, Settings
 
 CONFIG_PATH = _SOURCE_DEFAULTS
 DOCS_PATH = _SOURCE_DEFAULTS.parent / "docs" / "configuration.md"
@@ -31,13 +31,13 @@ CONFIG_HEADER = f"""\
 # Every key can be overridden by a file passed with --config (same layout, only the keys you change)
 # and by environment variables named {ENV_PREFIX}<SECTION>_<KEY>, e.g. {ENV_PREFIX}COLLECTOR_HTTP_PORT=14318.
 # The meaning of each key is documented on its field in daemon/core/settings.py and in docs/configuration.md.
-# Generated from those fields by `python -m daemon.core.settings --write-config`: edit the fields, not this file.
+# Generated from those fields by `python -m tracefix.daemon.core.settings --write-config`: edit the fields, not this file.
 """
 
 DOCS_INTRO = f"""\
 # Configuration
 
-<!-- Generated from daemon/core/settings.py by `python -m daemon.core.settings --write-docs`: edit the fields, not this file. -->
+<!-- Generated from daemon/core/settings.py by `python -m tracefix.daemon.core.settings --write-docs`: edit the fields, not this file. -->
 
 tracefix reads its settings in three layers, each overriding the one before:
 
@@ -218,7 +218,7 @@ def configuration_markdown() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Write config.toml and docs/configuration.md from the models, or print config.toml."""
     parser = argparse.ArgumentParser(
-        prog="python -m daemon.core.settings",
+        prog="python -m tracefix.daemon.core.settings",
         description="Render config.toml and docs/configuration.md from the settings models.",
     )
     parser.add_argument("--write-config", action="store_true", help=f"write {CONFIG_PATH.name}")

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from daemon.core.settings import ModelSettings, TrainingSettings
+from tracefix.daemon.core.settings import ModelSettings, TrainingSettings
 
 
 class _Part(BaseModel):

@@ -10,7 +10,7 @@ its agent in OpenAI's request ``metadata`` (``{"agent": ...}``).
 
 from __future__ import annotations
 
-from daemon.core import tracks
+from tracefix.daemon.core import tracks
 
 CAPABILITY = "generalist"
 PREFIX = CAPABILITY + tracks.SEPARATOR

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from daemon.core import tracks
+from tracefix.daemon.core import tracks
 
 _PACKAGED_DEFAULTS = Path(__file__).resolve().parent.parent / "default_config.toml"
 _SOURCE_DEFAULTS = Path(__file__).resolve().parent.parent.parent / "config.toml"
@@ -877,6 +877,6 @@ def load_settings(config_path: str | Path | None = None, environ: dict[str, str]
 
 
 if __name__ == "__main__":
-    from daemon.core.config_file import main
+    from tracefix.daemon.core.config_file import main
 
     raise SystemExit(main())

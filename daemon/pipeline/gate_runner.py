@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from daemon.promotion.lifecycle import Promotion, served_name
-from daemon.store.runs import RunStore
-from daemon.promotion.router_client import RouterAdmin, RouterError
-from daemon.core.settings import Settings
-from daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut, error_tail
-from trainer.jobs import write_atomically
+from tracefix.daemon.promotion.lifecycle import Promotion, served_name
+from tracefix.daemon.store.runs import RunStore
+from tracefix.daemon.promotion.router_client import RouterAdmin, RouterError
+from tracefix.daemon.core.settings import Settings
+from tracefix.daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut, error_tail
+from tracefix.trainer.jobs import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class GateRunner:
         state: dict[str, Any] = {"adapters": names, "path": str(output), "started_at": time.time()}
         try:
             returncode = self.subprocess.run(
-                "trainer.gate_job", ["--request", str(request), "--output", str(output)], errors, self.settings.gate.timeout_s
+                "tracefix.trainer.gate_job", ["--request", str(request), "--output", str(output)], errors, self.settings.gate.timeout_s
             )
         except Stopped:
             return self.state()  # trained again after a restart

@@ -19,11 +19,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from daemon.core import generalist
-from daemon.core.settings import Settings
-from daemon.store.runs import RunStore
-from daemon.store.store import COOLDOWN, AnalysisStore
-from daemon.store.traces import TrajectoryStore
+from tracefix.daemon.core import generalist
+from tracefix.daemon.core.settings import Settings
+from tracefix.daemon.store.runs import RunStore
+from tracefix.daemon.store.store import COOLDOWN, AnalysisStore
+from tracefix.daemon.store.traces import TrajectoryStore
 
 log = logging.getLogger(__name__)
 

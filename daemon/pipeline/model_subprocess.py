@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from daemon.core.threads import model_process_environment
+from tracefix.daemon.core.threads import model_process_environment
 
 STOP_GRACE_S = 5.0  # between SIGTERM and SIGKILL
 ERROR_LINES = 5  # lines of stderr kept as the reason of a failed run

@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 
-from daemon.analysis.capabilities import ToolCall, ToolSpec, Trajectory, Turn, load_registry
-from daemon.core.settings import CapabilitySettings
-from trainer.environment import Message, Tool, parse_assistant
+from tracefix.daemon.analysis.capabilities import ToolCall, ToolSpec, Trajectory, Turn, load_registry
+from tracefix.daemon.core.settings import CapabilitySettings
+from tracefix.trainer.environment import Message, Tool, parse_assistant
 
 EXCERPT = 300  # characters of an answer shown next to the labeler's reason
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from daemon.analysis.capabilities import CapabilityRegistry
-from daemon.core import tracks
-from daemon.core.settings import CapabilitySettings
-from daemon.store.store import ENVIRONMENT, AnalysisStore
-from trainer.checks import check
-from trainer.environment import Environment, load_tools
-from trainer.families import find_family, load_families
-from trainer.result_shapes import learn
+from tracefix.daemon.analysis.capabilities import CapabilityRegistry
+from tracefix.daemon.core import tracks
+from tracefix.daemon.core.settings import CapabilitySettings
+from tracefix.daemon.store.store import ENVIRONMENT, AnalysisStore
+from tracefix.trainer.checks import check
+from tracefix.trainer.environment import Environment, load_tools
+from tracefix.trainer.families import find_family, load_families
+from tracefix.trainer.result_shapes import learn
 
 log = logging.getLogger(__name__)
 

@@ -24,16 +24,16 @@ from datetime import timezone
 from pathlib import Path
 from typing import Any
 
-from daemon.core import generalist
-from daemon.core.settings import Settings
-from daemon.pipeline.generalist import CONVERSATIONS, GeneralistStage, Render
-from daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut, error_tail
-from daemon.store.runs import RunStore
-from daemon.core import tracks
-from daemon.core.contracts import GeneralistRequest, TargetedRequest, training_result
-from daemon.pipeline import replay_judge
-from trainer.environment import load_tools
-from daemon.store.store import CANDIDATE, ENVIRONMENT, HEALTHY, TRAINING, AnalysisStore
+from tracefix.daemon.core import generalist
+from tracefix.daemon.core.settings import Settings
+from tracefix.daemon.pipeline.generalist import CONVERSATIONS, GeneralistStage, Render
+from tracefix.daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut, error_tail
+from tracefix.daemon.store.runs import RunStore
+from tracefix.daemon.core import tracks
+from tracefix.daemon.core.contracts import GeneralistRequest, TargetedRequest, training_result
+from tracefix.daemon.pipeline import replay_judge
+from tracefix.trainer.environment import load_tools
+from tracefix.daemon.store.store import CANDIDATE, ENVIRONMENT, HEALTHY, TRAINING, AnalysisStore
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class TrainingRunner:
         log.info("training run %d: %s v%d on %s", run_id, run["capability"], run["version"], on)
         try:
             returncode = self.subprocess.run(
-                "trainer.train_job", ["--request", str(request), "--run-dir", str(directory)],
+                "tracefix.trainer.train_job", ["--request", str(request), "--run-dir", str(directory)],
                 directory / "stderr.log", self.settings.training.timeout_s,
             )  # fmt: skip
         except Stopped:

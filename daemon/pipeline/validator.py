@@ -14,9 +14,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from daemon.core.settings import Settings
-from daemon.store.store import AnalysisStore
-from daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut, error_tail
+from tracefix.daemon.core.settings import Settings
+from tracefix.daemon.store.store import AnalysisStore
+from tracefix.daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut, error_tail
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class Validator:
         report.unlink(missing_ok=True)
         try:
             returncode = self.subprocess.run(
-                "trainer.validate_job", ["--request", str(request), "--report", str(report)],
+                "tracefix.trainer.validate_job", ["--request", str(request), "--report", str(report)],
                 errors, self.settings.validation.timeout_s,
             )  # fmt: skip
         except Stopped:

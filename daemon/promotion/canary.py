@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
-from daemon.core.intervals import difference, wilson
-from daemon.store import served
-from daemon.store.labels import LabelStore
-from daemon.store.store import Store
+from tracefix.daemon.core.intervals import difference, wilson
+from tracefix.daemon.store import served
+from tracefix.daemon.store.labels import LabelStore
+from tracefix.daemon.store.store import Store
 
 
 

@@ -28,12 +28,12 @@ from typing import Any, Protocol
 
 import orjson
 
-from daemon.core import generalist, metrics
-from daemon.promotion.canary import Rate, Verdict, capability_failure_rate, judge, routed_outcomes, z_of
-from daemon.store.runs import RunStore
-from daemon.promotion.router_client import RouterError
-from daemon.core.settings import Settings
-from daemon.store.store import AnalysisStore, Store
+from tracefix.daemon.core import generalist, metrics
+from tracefix.daemon.promotion.canary import Rate, Verdict, capability_failure_rate, judge, routed_outcomes, z_of
+from tracefix.daemon.store.runs import RunStore
+from tracefix.daemon.promotion.router_client import RouterError
+from tracefix.daemon.core.settings import Settings
+from tracefix.daemon.store.store import AnalysisStore, Store
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from daemon.core.auth import ROUTER_TOKEN_FILE, stored_token
-from daemon.core.settings import Settings
+from tracefix.daemon.core.auth import ROUTER_TOKEN_FILE, stored_token
+from tracefix.daemon.core.settings import Settings
 
 
 

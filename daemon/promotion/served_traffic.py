@@ -10,8 +10,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from daemon.store.served import served_rows
-from daemon.store.store import Store
+from tracefix.daemon.store.served import served_rows
+from tracefix.daemon.store.store import Store
 
 def served(store: Store, window_s: float) -> dict[str, Any]:
     experts, series, shares = served_rows(store, int((time.time() - window_s) * 1e9))

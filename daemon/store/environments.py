@@ -7,8 +7,8 @@ from typing import Any
 
 import orjson
 
-from daemon.core import tracks
-from daemon.store.sql import Tables
+from tracefix.daemon.core import tracks
+from tracefix.daemon.store.sql import Tables
 
 
 class EnvironmentStore(Tables):

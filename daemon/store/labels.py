@@ -11,9 +11,9 @@ import duckdb
 import orjson
 import pyarrow as pa
 
-from daemon.core import tracks
-from daemon.core.semconv import EVALUATION_EVENT
-from daemon.store.sql import Tables, dicts, insert_rows
+from tracefix.daemon.core import tracks
+from tracefix.daemon.core.semconv import EVALUATION_EVENT
+from tracefix.daemon.store.sql import Tables, dicts, insert_rows
 
 # The states of a capability's track, as capability_states stores them, in the order a gap moves
 # through them: the trigger's (healthy, watching, gap_detected, cooldown), then the pipeline's, which

@@ -13,10 +13,10 @@ from typing import Any
 
 import orjson
 
-from daemon.core import tracks
-from daemon.core.generalist import PREFIX as GENERALIST_PREFIX
-from daemon.store.environments import EnvironmentStore
-from daemon.store.sql import Tables
+from tracefix.daemon.core import tracks
+from tracefix.daemon.core.generalist import PREFIX as GENERALIST_PREFIX
+from tracefix.daemon.store.environments import EnvironmentStore
+from tracefix.daemon.store.sql import Tables
 
 RUN_STATES = ("queued", "running", "candidate", "rejected_by_eval", "failed")
 _JSON_COLUMNS = ("config", "result", "evaluation", "tools", "validation", "checks", "baseline")

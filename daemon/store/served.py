@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from daemon.store.store import Store
+from tracefix.daemon.store.store import Store
 
 ROUTER_SERVICE = "tracefix-router"  # service.name of the router's spans
 _EXPERT = """json_extract_string(attributes, '$."tracefix.router.adapter"')"""

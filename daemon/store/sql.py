@@ -10,7 +10,7 @@ import duckdb
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from daemon.store.store import Store
+    from tracefix.daemon.store.store import Store
 
 
 class Tables:

@@ -16,15 +16,15 @@ from typing import Any
 
 import duckdb
 
-from daemon.core.settings import StoreSettings
-from daemon.store.environments import EnvironmentStore
-from daemon.store.labels import (  # noqa: F401  (the states, re-exported with the store)
+from tracefix.daemon.core.settings import StoreSettings
+from tracefix.daemon.store.environments import EnvironmentStore
+from tracefix.daemon.store.labels import (  # noqa: F401  (the states, re-exported with the store)
     CANDIDATE, CAPABILITY_STATES, COOLDOWN, ENVIRONMENT, EVALUATING, GAP_DETECTED, HEALTHY, LIVE, PIPELINE_STATES, TRAINING,
     WATCHING, LabelStore,
 )
-from daemon.store.migrations import MIGRATIONS, Migration
-from daemon.store.sql import dicts
-from daemon.store.traces import LOG_SCHEMA, SPAN_SCHEMA, AppendResult, DerivedRows, SpanTables, TrajectoryStore
+from tracefix.daemon.store.migrations import MIGRATIONS, Migration
+from tracefix.daemon.store.sql import dicts
+from tracefix.daemon.store.traces import LOG_SCHEMA, SPAN_SCHEMA, AppendResult, DerivedRows, SpanTables, TrajectoryStore
 
 __all__ = [
     "COOLDOWN",

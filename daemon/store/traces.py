@@ -9,8 +9,8 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
-from daemon.core.semconv import EVALUATION_EVENT
-from daemon.store.sql import Tables, dicts, insert_rows
+from tracefix.daemon.core.semconv import EVALUATION_EVENT
+from tracefix.daemon.store.sql import Tables, dicts, insert_rows
 
 SPAN_SCHEMA = pa.schema(
     [

@@ -17,10 +17,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from daemon.core import metrics
-from daemon.core.settings import WriterSettings
-from daemon.store.store import Store
-from daemon.store.traces import LOG_SCHEMA, SPAN_SCHEMA, AppendResult
+from tracefix.daemon.core import metrics
+from tracefix.daemon.core.settings import WriterSettings
+from tracefix.daemon.store.store import Store
+from tracefix.daemon.store.traces import LOG_SCHEMA, SPAN_SCHEMA, AppendResult
 
 log = logging.getLogger(__name__)
 

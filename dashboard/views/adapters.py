@@ -12,10 +12,10 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from daemon.app.client import ApiError, DaemonClient
-from daemon.core.progress import retention_text
-from dashboard import charts, generalist
-from dashboard.page import PageContext, interval, rate, show
+from tracefix.daemon.app.client import ApiError, DaemonClient
+from tracefix.daemon.core.progress import retention_text
+from tracefix.dashboard import charts, generalist
+from tracefix.dashboard.page import PageContext, interval, rate, show
 
 DECISION = "adapter_decision"
 NEEDS_REASON = {"reject", "rollback"}

@@ -9,8 +9,8 @@ from urllib.parse import quote
 
 import streamlit as st
 
-from dashboard import conversation
-from dashboard.page import PageContext, no_traces, short_id, show
+from tracefix.dashboard import conversation
+from tracefix.dashboard.page import PageContext, no_traces, short_id, show
 
 PAGE_SIZE = 25
 # The contrast the statistics are built on: lacking in failures, present in successes.

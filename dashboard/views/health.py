@@ -13,9 +13,9 @@ from urllib.parse import quote
 
 import streamlit as st
 
-from dashboard import agent_profile, charts, generalist, llm_labels
-from dashboard.capability_table import health_table, render_table, stats_row
-from dashboard.page import PageContext, no_traces, show
+from tracefix.dashboard import agent_profile, charts, generalist, llm_labels
+from tracefix.dashboard.capability_table import health_table, render_table, stats_row
+from tracefix.dashboard.page import PageContext, no_traces, show
 
 
 ALL_AGENTS = "all agents"

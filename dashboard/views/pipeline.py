@@ -10,10 +10,10 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts, conversation, generalist
-from dashboard.page import PageContext, rate, show
-from daemon.app.client import ApiError
-from daemon.core.progress import checkpoints_text, grpo_added_text, grpo_steps, progress_text, reference_name
+from tracefix.dashboard import charts, conversation, generalist
+from tracefix.dashboard.page import PageContext, rate, show
+from tracefix.daemon.app.client import ApiError
+from tracefix.daemon.core.progress import checkpoints_text, grpo_added_text, grpo_steps, progress_text, reference_name
 
 
 def environment_table(items: list[Mapping[str, Any]]) -> pd.DataFrame:

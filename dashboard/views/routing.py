@@ -17,9 +17,9 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from dashboard import charts
-from dashboard.page import PageContext, interval, show
-from dashboard.routing_stats import expert_rows, snapshot_of
+from tracefix.dashboard import charts
+from tracefix.dashboard.page import PageContext, interval, show
+from tracefix.dashboard.routing_stats import expert_rows, snapshot_of
 
 SERVING = ("canary", "live")
 

@@ -9,14 +9,14 @@ from typing import Any
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field, field_validator
 
-from daemon.core import generalist, tracks
-from daemon.core.settings import CAPABILITY_NAME
-from router.backend import AdapterConflict, BackendUnavailable
-from router.protocol import ApiError
-from router.routes.dependencies import CurrentBackend, Table, authorized
-from router.routes.errors import unavailable
-from router.routing import RoutingError, UnknownAdapter
-from trainer.adapters import AdapterRejected
+from tracefix.daemon.core import generalist, tracks
+from tracefix.daemon.core.settings import CAPABILITY_NAME
+from tracefix.router.backend import AdapterConflict, BackendUnavailable
+from tracefix.router.protocol import ApiError
+from tracefix.router.routes.dependencies import CurrentBackend, Table, authorized
+from tracefix.router.routes.errors import unavailable
+from tracefix.router.routing import RoutingError, UnknownAdapter
+from tracefix.trainer.adapters import AdapterRejected
 
 router = APIRouter(dependencies=[Depends(authorized)])
 

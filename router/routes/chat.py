@@ -15,14 +15,14 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from daemon.core.settings import RouterSettings
-from router import metrics, protocol
-from router.backend import Backend, BackendUnavailable, Delta, Event, Failed, Finished, Generation
-from router.protocol import ApiError, ChatRequest
-from router.routes.dependencies import Config, CurrentBackend, CurrentTelemetry, Table
-from router.routes.errors import failure, model_not_found, unavailable
-from router.routing import Lease, RoutingTable, UnknownAdapter
-from router.telemetry import Telemetry
+from tracefix.daemon.core.settings import RouterSettings
+from tracefix.router import metrics, protocol
+from tracefix.router.backend import Backend, BackendUnavailable, Delta, Event, Failed, Finished, Generation
+from tracefix.router.protocol import ApiError, ChatRequest
+from tracefix.router.routes.dependencies import Config, CurrentBackend, CurrentTelemetry, Table
+from tracefix.router.routes.errors import failure, model_not_found, unavailable
+from tracefix.router.routing import Lease, RoutingTable, UnknownAdapter
+from tracefix.router.telemetry import Telemetry
 
 router = APIRouter()
 

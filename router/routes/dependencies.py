@@ -8,12 +8,12 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from daemon.core.auth import bearer_matches
-from daemon.core.settings import RouterSettings
-from router.backend import Backend
-from router.protocol import ApiError
-from router.routing import RoutingTable
-from router.telemetry import Telemetry
+from tracefix.daemon.core.auth import bearer_matches
+from tracefix.daemon.core.settings import RouterSettings
+from tracefix.router.backend import Backend
+from tracefix.router.protocol import ApiError
+from tracefix.router.routing import RoutingTable
+from tracefix.router.telemetry import Telemetry
 
 
 def current_backend(request: Request) -> Backend:

@@ -10,8 +10,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from router.backend import BackendUnavailable, Failed
-from router.protocol import ApiError
+from tracefix.router.backend import BackendUnavailable, Failed
+from tracefix.router.protocol import ApiError
 
 log = logging.getLogger(__name__)
 

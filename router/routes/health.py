@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from router.routes.dependencies import Config, CurrentBackend, Table
+from tracefix.router.routes.dependencies import Config, CurrentBackend, Table
 
 router = APIRouter()
 

@@ -6,8 +6,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 
-from router.routes.dependencies import Config, CurrentBackend, Started, Table
-from router.routes.errors import model_not_found
+from tracefix.router.routes.dependencies import Config, CurrentBackend, Started, Table
+from tracefix.router.routes.errors import model_not_found
 
 router = APIRouter()
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
-from trainer.environment import Environment, Family, load_tools
+from tracefix.trainer.environment import Environment, Family, load_tools
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from trainer.environment import (
+from tracefix.trainer.environment import (
     Instance,
     Message,
     ParsedTurn,
@@ -21,7 +21,7 @@ from trainer.environment import (
     render_system_prompt,
     tool_message,
 )
-from trainer.simulation import schema_error
+from tracefix.trainer.simulation import schema_error
 
 # -- wording -----------------------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from trainer.environment import (
+from tracefix.trainer.environment import (
     DialogueInstance,
     Family,
     Message,
@@ -45,9 +45,9 @@ from trainer.environment import (
     assistant_text,
     tool_message,
 )
-from trainer.families._shared import PAST, shown
-from trainer.simulation import SETTLED_STATUSES, derive_seed, error_result, same_as_backend, schema_error, unknown_id
-from trainer.world import Values, entity_of, id_parameters, is_write, properties, required
+from tracefix.trainer.families._shared import PAST, shown
+from tracefix.trainer.simulation import SETTLED_STATUSES, derive_seed, error_result, same_as_backend, schema_error, unknown_id
+from tracefix.trainer.world import Values, entity_of, id_parameters, is_write, properties, required
 
 # -- local helpers (wording) -------------------------------------------------------------------------
 

@@ -9,10 +9,10 @@ from typing import Any
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field
 
-from daemon.core import generalist
-from daemon.app.routes.dependencies import Caller, CurrentDaemon, Limit
-from daemon.promotion.lifecycle import IllegalTransition, NotFound
-from daemon.promotion.router_client import RouterError
+from tracefix.daemon.core import generalist
+from tracefix.daemon.app.routes.dependencies import Caller, CurrentDaemon, Limit
+from tracefix.daemon.promotion.lifecycle import IllegalTransition, NotFound
+from tracefix.daemon.promotion.router_client import RouterError
 
 router = APIRouter()
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException
 
-from daemon.app.routes.dependencies import CurrentDaemon
-from daemon.core import tracks
+from tracefix.daemon.app.routes.dependencies import CurrentDaemon
+from tracefix.daemon.core import tracks
 
 router = APIRouter()
 

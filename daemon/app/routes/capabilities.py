@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field
 
-from daemon.analysis.diagnosis import capability_diagnosis
-from daemon.app.routes.dependencies import Caller, CurrentDaemon
-from daemon.core import metrics, tracks
+from tracefix.daemon.analysis.diagnosis import capability_diagnosis
+from tracefix.daemon.app.routes.dependencies import Caller, CurrentDaemon
+from tracefix.daemon.core import metrics, tracks
 
 if TYPE_CHECKING:
-    from daemon.app.service import Daemon
+    from tracefix.daemon.app.service import Daemon
 
 router = APIRouter()
 
@@ -91,8 +91,8 @@ def relabel(caller: Caller, daemon: CurrentDaemon, body: Relabel | None = None) 
 @router.post("/api/capabilities/discover")
 def discover(caller: Caller, daemon: CurrentDaemon, body: Discover | None = None) -> dict[str, Any]:
     """Ask the [llm] endpoint for capabilities whose absence explains failures (the paper's discovery step)."""
-    from daemon.analysis.discovery import discover_capabilities
-    from daemon.analysis.llm_client import ChatClient, LLMOutputError, LLMUnavailable
+    from tracefix.daemon.analysis.discovery import discover_capabilities
+    from tracefix.daemon.analysis.llm_client import ChatClient, LLMOutputError, LLMUnavailable
 
     body = body or Discover()
     store = daemon.analysis_store

@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, HTTPException, Query, Request
 
-from daemon.core.auth import bearer_matches
+from tracefix.daemon.core.auth import bearer_matches
 
 if TYPE_CHECKING:
-    from daemon.app.service import Daemon
+    from tracefix.daemon.app.service import Daemon
 
 
 def current_daemon(request: Request) -> Daemon:

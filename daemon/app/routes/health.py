@@ -6,8 +6,8 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from daemon.app.routes.dependencies import CurrentDaemon
-from daemon.core import metrics
+from tracefix.daemon.app.routes.dependencies import CurrentDaemon
+from tracefix.daemon.core import metrics
 
 router = APIRouter()
 

@@ -7,10 +7,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 
-from daemon.app.routes.dependencies import CurrentDaemon
-from daemon.core.progress import grpo_steps, read_progress
-from trainer.environment import rollout, solution_policy
-from trainer.families import build_environment
+from tracefix.daemon.app.routes.dependencies import CurrentDaemon
+from tracefix.daemon.core.progress import grpo_steps, read_progress
+from tracefix.trainer.environment import rollout, solution_policy
+from tracefix.trainer.families import build_environment
 
 router = APIRouter()
 

@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 
-from daemon.app.routes.dependencies import CurrentDaemon
-from daemon.promotion.router_client import RouterError
-from daemon.promotion.served_traffic import routing_latency, served
+from tracefix.daemon.app.routes.dependencies import CurrentDaemon
+from tracefix.daemon.promotion.router_client import RouterError
+from tracefix.daemon.promotion.served_traffic import routing_latency, served
 
 router = APIRouter()
 

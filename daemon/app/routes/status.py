@@ -7,8 +7,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from daemon.app.routes.dependencies import Caller, CurrentDaemon
-from daemon.core import metrics
+from tracefix.daemon.app.routes.dependencies import Caller, CurrentDaemon
+from tracefix.daemon.core import metrics
 
 router = APIRouter()
 

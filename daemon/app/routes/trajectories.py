@@ -8,7 +8,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field
 
-from daemon.app.routes.dependencies import Caller, CurrentDaemon, Limit, Offset
+from tracefix.daemon.app.routes.dependencies import Caller, CurrentDaemon, Limit, Offset
 
 router = APIRouter()
 
