@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.demo_loop import goal_steps_table  # noqa: E402
 from bench.imitation_baseline import Router, load_adapter, open_demo, run_panel, targeted_adapters  # noqa: E402
-from tracefix.daemon.app.demo import MODEL_DRIVEN, PANEL_BATCH, PANEL_BATCHES, Tally  # noqa: E402
+from examples.demo.panel import MODEL_DRIVEN, PANEL_BATCH, PANEL_BATCHES, Tally  # noqa: E402
 from tracefix.daemon.core import generalist as generalists  # noqa: E402
 from tracefix.daemon.core import tracks  # noqa: E402
 from tracefix.daemon.core.settings import Settings  # noqa: E402

@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tracefix.daemon.app.demo import number_text, share_text  # noqa: E402
+from examples.demo.narrator import number_text, share_text  # noqa: E402
 from tracefix.daemon.core.progress import grpo_added_text, reference_name, retention_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

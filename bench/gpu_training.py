@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tracefix.daemon.app.demo import DEMO  # noqa: E402
+from examples.demo.settings import DEMO  # noqa: E402
 from tracefix.daemon.core.progress import read_progress  # noqa: E402
 from tracefix.daemon.core.settings import ModelSettings, Settings, StoreSettings, TrainingSettings  # noqa: E402
 from tracefix.daemon.pipeline.training_runner import TrainingRunner  # noqa: E402
@@ -42,7 +42,7 @@ from tracefix.trainer.environment import Environment, load_tools  # noqa: E402
 from tracefix.trainer.families import load_families  # noqa: E402
 from bench.grpo_settings import parse_variant  # noqa: E402
 
-# The demo's training settings (`daemon/app/demo.py`), scaled for a GPU: GRPO at `[training]`'s own
+# The demo's training settings (`examples/demo/settings.py`), scaled for a GPU: GRPO at `[training]`'s own
 # learning rate, 16 steps of 8 groups × 8 rollouts, 100 held-out seeds.
 GPU = {
     "device": "cuda", "threads": 0, "steps": 16, "groups_per_step": 8, "group_size": 8, "micro_batch": 8,

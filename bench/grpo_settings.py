@@ -49,7 +49,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tracefix.daemon.app.demo import DEMO  # noqa: E402
+from examples.demo.settings import DEMO  # noqa: E402
 from tracefix.daemon.core.settings import TrainingSettings  # noqa: E402
 from examples.airline.tools import TOOLS as AIRLINE_TOOLS  # noqa: E402
 from tracefix.trainer import model as models  # noqa: E402

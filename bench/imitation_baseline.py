@@ -34,7 +34,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.demo_loop import free_port, goal_steps_table  # noqa: E402
-from tracefix.daemon.app.demo import MODEL_DRIVEN, PANEL_BATCHES, layered_settings, model_driven  # noqa: E402
+from examples.demo.panel import MODEL_DRIVEN, PANEL_BATCHES, model_driven  # noqa: E402
+from examples.demo.settings import layered_settings  # noqa: E402
 from tracefix.daemon.app.supervisor import Supervisor, children  # noqa: E402
 from tracefix.daemon.core.intervals import wilson  # noqa: E402
 from tracefix.daemon.core.settings import Settings, load_settings  # noqa: E402

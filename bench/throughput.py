@@ -313,7 +313,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoConfig
 
     from bench import airline_model
-    from tracefix.daemon.app.demo import DEMO
+    from examples.demo.settings import DEMO
     from tracefix.daemon.core.settings import TrainingSettings
     from tracefix.trainer import model as models
     from tracefix.trainer.recipes import load_policy

@@ -23,7 +23,7 @@ from bench.composition import (
     paired_comparisons,
     render,
 )
-from tracefix.daemon.app.demo import MODEL_DRIVEN
+from examples.demo.panel import MODEL_DRIVEN
 from tracefix.daemon.core import generalist as generalists
 from tracefix.daemon.core.intervals import mcnemar_p, paired_difference
 from tracefix.router.protocol import ChatRequest

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tracefix.daemon.app.demo import layered_settings
+from examples.demo.settings import layered_settings
 from tests.conftest import REPO, free_port
 
 
@@ -148,7 +148,8 @@ def test_the_demo_passes_every_stage_on_a_tiny_model(tmp_path: Path, tiny_model:
 def test_a_capability_selected_without_successes_to_compare_is_narrated_not_fatal() -> None:
     """After an adapter goes live, a capability can be selected whose ER+ has no successful run to
     come from (None in the API): the narration says n/a instead of stopping the demo."""
-    from tracefix.daemon.app.demo import Narrator, Tally
+    from examples.demo.narrator import Narrator
+    from examples.demo.panel import Tally
 
     lines: list[str] = []
     narrator = Narrator(None, Tally(), False, "http://127.0.0.1:8501", lines.append)  # type: ignore[arg-type]
@@ -181,7 +182,8 @@ def test_an_environment_is_narrated_with_what_the_gate_measured(
 ) -> None:
     """A rejected environment is not a dead end when the warm start is on: the narration says why the
     gate decided and what happens next, instead of a bare status."""
-    from tracefix.daemon.app.demo import Narrator, Tally
+    from examples.demo.narrator import Narrator
+    from examples.demo.panel import Tally
 
     lines: list[str] = []
     narrator = Narrator(None, Tally(), False, "http://127.0.0.1:8501", lines.append, warm_start=warm_start)  # type: ignore[arg-type]
@@ -195,7 +197,8 @@ def test_conversations_during_the_canary_count_neither_before_nor_after() -> Non
     """'Before' is the base alone: once a canary routes a share of the traffic to the adapter, the
     conversations that finish go to their own bucket until it is live; a canary that ends without
     going live hands the traffic back to the base, and 'before' again."""
-    from tracefix.daemon.app.demo import Narrator, Tally
+    from examples.demo.narrator import Narrator
+    from examples.demo.panel import Tally
 
     lines: list[str] = []
     tally = Tally()
@@ -224,7 +227,9 @@ def test_with_two_adapters_wanted_each_gets_its_periods_and_after_waits_for_both
     both adapters are live."""
     import threading
 
-    from tracefix.daemon.app.demo import Narrator, Tally
+    from examples.demo.narrator import Narrator
+
+    from examples.demo.panel import Tally
 
     lines: list[str] = []
     tally, hold = Tally(), threading.Event()
@@ -253,7 +258,7 @@ def test_a_run_whose_time_ends_before_after_still_closes_with_what_it_measured()
     """With two adapters wanted and the time up while the second trains, the periods reached are
     reported and the ones not reached say so (the closing line once raised on the missing 'after',
     and the run lost its report)."""
-    from tracefix.daemon.app.demo import lacking_text
+    from examples.demo.narrator import lacking_text
 
     measured = {
         "capability": "tool_call_precision",
@@ -271,7 +276,8 @@ def test_the_generalist_has_periods_of_its_own_before_the_targeted_adapters() ->
     """Before (the base alone) → the generalist's canary → the generalist alone → the targeted
     adapter's canary → after (both): each conversation counts in the period it finished in, and task
     success is compared paired on the same goals (each goal's first conversation in each period)."""
-    from tracefix.daemon.app.demo import Narrator, Tally, success_text
+    from examples.demo.narrator import Narrator, success_text
+    from examples.demo.panel import Tally
 
     lines: list[str] = []
     tally = Tally()
@@ -307,7 +313,7 @@ def test_the_generalist_has_periods_of_its_own_before_the_targeted_adapters() ->
 
 
 def test_a_generalist_candidate_is_narrated_by_its_next_actions() -> None:
-    from tracefix.daemon.app.demo import candidate_text
+    from examples.demo.narrator import candidate_text
 
     rate = lambda value, low, high: {"rate": value, "interval": [low, high]}  # noqa: E731
     evaluation = {"kind": "next_action", "learned_from": 32, "turns": 40, "adapter": {"matched": rate(0.6, 0.45, 0.74)},
@@ -318,7 +324,7 @@ def test_a_generalist_candidate_is_narrated_by_its_next_actions() -> None:
 
 
 def test_a_targeted_candidate_from_the_generalist_is_narrated_against_it_with_what_it_kept() -> None:
-    from tracefix.daemon.app.demo import candidate_text
+    from examples.demo.narrator import candidate_text
 
     rate = lambda value: {"rate": value, "interval": [value - 0.1, value + 0.1]}  # noqa: E731
     target = {"adapter": {"success_rate": 0.46}, "base": {"success_rate": 0.02}}

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
-from tracefix.daemon.app.demo import PANEL_BATCH, Stream, Tally, Traffic
+from examples.demo.panel import PANEL_BATCH, Stream, Tally, Traffic
 from tracefix.daemon.core.settings import Settings
 
 SCRIPTED = {"policy": "scripted", "collector": None, "conversations": PANEL_BATCH, "concurrency": 2, "rate": 0.0}

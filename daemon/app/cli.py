@@ -150,10 +150,14 @@ def demo(
 ) -> None:
     """Run the whole improvement loop on this machine, narrated: the stack, an example agent's
     traffic, the gap, the environment, training, your approval, the canary, before and after."""
-    from tracefix.daemon.app import demo as guided
-
+    try:  # the demo drives the example agent of a source checkout (examples/), which the wheel does not ship
+        from examples.demo import run as run_demo
+    except ImportError as error:
+        raise click.ClickException(
+            f"tracefix demo runs the example airline agent in the repository's examples/ folder ({error}): run `make demo` in a clone"
+        ) from None
     try:
-        status = guided.run(
+        status = run_demo(
             config_path, fast, auto_approve, minutes, policy, rate, lambda line: click.echo(line, err=True), after, report,
             not serve_while_training, adapters,
         )
