@@ -47,16 +47,17 @@ DEMO: dict[str, dict[str, Any]] = {
     # The warm start teaches what the 135M model lacks; a few GRPO steps follow it (with dynamic
     # sampling, the default), and the run's report measures what they added on the same held-out
     # seeds. One pass over the demonstrations with more GRPO steps made a weaker adapter and no gain
-    # from GRPO (docs/performance.md, Run 12); more steps or rollouts per step did not add more
-    # either (bench/grpo_settings.py). The adapter is the last step's (keep_best off): the report
-    # shows what those steps added, where keep_best could hand back the warm start unchanged. 48
-    # held-out seeds: with the opening shared across rows the evaluation plays them in the time 24
-    # took before (docs/performance.md), and the paired comparison sees twice the seeds. The warm
-    # start's gradient is the exact one (the default): stopped at the agent's opening, an update is
-    # 1.46x faster on two cores, but GRPO from that warm start added less on validation seeds (median
-    # -0.06 over three draws against +0.04; docs/performance.md, "The warm start with its gradient
-    # stopped at the opening"), and with a batch's cache carried from turn to turn the evaluation
-    # and the rollouts give back most of the time the exact gradient takes.
+    # from GRPO (docs/history/performance-log-2026.md, Run 12); more steps or rollouts per step did
+    # not add more either (bench/grpo_settings.py). The adapter is the last step's (keep_best off):
+    # the report shows what those steps added, where keep_best could hand back the warm start
+    # unchanged. 48 held-out seeds: with the opening shared across rows the evaluation plays them in
+    # the time 24 took before (docs/history/performance-log-2026.md), and the paired comparison sees
+    # twice the seeds. The warm start's gradient is the exact one (the default): stopped at the
+    # agent's opening, an update is 1.46x faster on two cores, but GRPO from that warm start added
+    # less on validation seeds (median -0.06 over three draws against +0.04;
+    # docs/history/performance-log-2026.md, "The gradient stopped at the opening"), and with a
+    # batch's cache carried from turn to turn the evaluation and the rollouts give back most of the
+    # time the exact gradient takes.
     "training": {
         "recipe": "sft+grpo", "steps": 3, "group_size": 4, "groups_per_step": 2, "micro_batch": 2, "num_iterations": 2,
         "learning_rate": 2e-4, "warm_start_examples": 96, "warm_start_epochs": 2,
@@ -221,7 +222,7 @@ def model_driven(router_url: str, collector_url: str | None, max_tokens: int) ->
     """The model-driven agent's run settings (examples.airline.runner.RunConfig fields) for one
     batch of the panel; the seed (0 … PANEL_BATCHES - 1) picks the batch's goals. Four
     conversations are in flight at once: the router's continuous batching serves 12.3 of them a
-    minute four at a time against 9.0 two at a time (docs/performance.md, "Router: continuous
+    minute four at a time against 9.0 two at a time (docs/performance.md, "Continuous
     batching"), and the canary's verdict waits for their outcomes."""
     return {
         "policy": "llm", "router": router_url, "collector": collector_url, "conversations": PANEL_BATCH, "concurrency": PANEL_BATCH,
