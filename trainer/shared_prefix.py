@@ -13,8 +13,8 @@ With ``opening_gradient=False`` the prefix runs without autograd: the loss is th
 gradient stops at the prefix's keys and values, so the adapter learns only through the rows' own
 tokens (how they attend to the opening, not how the opening is represented). An update then skips
 the prefix's backward pass and keeps none of its activations: 1.46× faster an update on the
-airline agent's 1,200-token opening (docs/performance.md). It is an approximation; the exact
-gradient is the default (``[training] warm_start_opening_gradient``).
+airline agent's 1,200-token opening (docs/history/performance-log-2026.md). It is an
+approximation; the exact gradient is the default (``[training] warm_start_opening_gradient``).
 
 The loss is the summed negative log-likelihood of the labelled tokens over their count (or over
 ``num_items_in_batch`` when the trainer accumulates gradients), as in ``SFTTrainer``.
