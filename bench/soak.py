@@ -6,7 +6,8 @@ gaps, OTLP/HTTP), the analysis labels them and selects the gaps, the daemon synt
 environment and trains an adapter on it (small settings, so a run fits in the soak), and chat
 completions are served at a steady rate through the router. Every `--sample-s` the resident memory
 of each process (the daemon, the router, any training or validation job the daemon started) is
-recorded.
+recorded, and the daemon's split into what DuckDB's buffer manager holds (its /metrics; a cache
+bounded by [store] memory_limit) and the rest.
 
 What it reports: per process, resident memory at the start, after the first quarter and at the end,
 and the slope over the last half (MB per 10 minutes: a plateau is near 0); requests and spans sent,
@@ -98,10 +99,29 @@ def rss_mb(process: psutil.Process) -> float:
         return 0.0
 
 
-def sample(daemon: psutil.Process, router: psutil.Process, at_s: float) -> dict[str, Any]:
+def duckdb_mb(daemon_url: str) -> float | None:
+    """What the daemon's DuckDB buffer manager holds (its /metrics), in MB; None when unreadable."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(f"{daemon_url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    for family in text_string_to_metric_families(text):
+        if family.name == "tracefix_database_memory_bytes":
+            return round(family.samples[0].value / 2**20, 1)
+    return None
+
+
+def sample(daemon: psutil.Process, router: psutil.Process, at_s: float, daemon_url: str) -> dict[str, Any]:
+    """Resident memory of each process; the daemon's also split into DuckDB's buffer manager (a
+    cache bounded by [store] memory_limit) and the rest."""
     jobs = [child for child in daemon.children(recursive=True) if "trainer." in " ".join(_cmdline(child))]
+    resident, duckdb = rss_mb(daemon), duckdb_mb(daemon_url)
     return {
-        "at_s": round(at_s, 1), "daemon": round(rss_mb(daemon), 1), "router": round(rss_mb(router), 1),
+        "at_s": round(at_s, 1), "daemon": round(resident, 1),
+        "daemon_duckdb": duckdb, "daemon_without_duckdb": None if duckdb is None else round(resident - duckdb, 1),
+        "router": round(rss_mb(router), 1),
         "jobs": round(sum(rss_mb(job) for job in jobs), 1), "job_names": sorted({_job_name(job) for job in jobs}),
     }  # fmt: skip
 
@@ -172,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             processes = psutil.Process(daemon.process.pid), psutil.Process(router.pid)  # type: ignore[union-attr]
             samples, started = [], time.monotonic()
             while time.monotonic() - started < args.minutes * 60:
-                samples.append(sample(*processes, time.monotonic() - started))
+                samples.append(sample(*processes, time.monotonic() - started, daemon.api_url))
                 log(f"{samples[-1]} · {load.counts}")
                 time.sleep(args.sample_s)
             load.stop.set()
@@ -197,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
                 "start": samples[0][key], "quarter": samples[len(samples) // 4][key], "end": samples[-1][key],
                 "max": max(item[key] for item in samples), "slope_last_half_mb_per_10min": slope_per_10_min(samples, key),
             }
-            for key in ("daemon", "router", "jobs")
+            for key in ("daemon", "daemon_duckdb", "daemon_without_duckdb", "router", "jobs")
+            if all(item[key] is not None for item in samples)
         },
         "samples": samples,
     }  # fmt: skip

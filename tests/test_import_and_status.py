@@ -259,6 +259,8 @@ def test_metrics_expose_received_rejected_latency_commit_time_and_database_size(
     status_bytes = collector.status()["database"]["bytes"]
     assert database_bytes > 0
     assert abs(database_bytes - status_bytes) <= max(status_bytes // 10, 65536)
+    # What DuckDB's buffer manager holds: the stored tables' blocks, at most the connection's memory_limit.
+    assert 0 < metric(collector, "tracefix_database_memory_bytes") <= 2 * 2**30
 
 
 def test_metrics_count_refused_requests_by_status(collector: RunningDaemon) -> None:

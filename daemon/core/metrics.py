@@ -32,6 +32,7 @@ COMMIT_ROWS = Histogram(
 COMMIT_FAILURES = Counter("tracefix_commit_failures", "Group commits the database refused")
 WRITER_QUEUE = Gauge("tracefix_writer_queue_rows", "Rows waiting for a commit")
 DATABASE_BYTES = Gauge("tracefix_database_bytes", "Size of the DuckDB file and its WAL")
+DATABASE_MEMORY = Gauge("tracefix_database_memory_bytes", "Memory DuckDB's buffer manager holds (bounded by [store] memory_limit)")
 TRAJECTORIES = Gauge("tracefix_trajectories", "Assembled trajectories by outcome", ["outcome"])
 ASSEMBLER_SECONDS = Histogram("tracefix_assembler_pass_seconds", "Duration of one trajectory assembly pass")
 ASSEMBLER_LAG = Gauge("tracefix_assembler_lag_batches", "Committed ingest batches not yet assembled")

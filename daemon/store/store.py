@@ -158,6 +158,13 @@ class Store(SpanTables):
         wal = self.path.with_name(self.path.name + ".wal")
         return self.path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
 
+    def memory_bytes(self) -> int:
+        """What DuckDB's buffer manager holds in memory now (tables' blocks, hash tables, …): a cache
+        bounded by [store] memory_limit, and most of what the daemon's resident memory adds as the
+        data grows."""
+        row = self.cursor.execute("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()").fetchone()
+        return int(row[0]) if row else 0
+
     def query(self, sql: str, parameters: Sequence[Any] | None = None) -> list[dict[str, Any]]:
         """Rows of a read-only query as dicts."""
         return dicts(self.cursor.execute(sql, parameters or []))

@@ -21,4 +21,5 @@ def healthz(daemon: CurrentDaemon) -> JSONResponse:
 @router.get("/metrics")
 def prometheus_metrics(daemon: CurrentDaemon) -> Response:
     metrics.DATABASE_BYTES.set(daemon.store.database_bytes())
+    metrics.DATABASE_MEMORY.set(daemon.store.memory_bytes())
     return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
