@@ -2,7 +2,7 @@
 
 A capability is registered through the entry point group ``tracefix.capabilities``; each entry
 point names a callable that takes the CapabilitySettings and returns a Capability. The six
-built-ins (daemon/analysis/builtin_capabilities.py) are registered exactly that way, in pyproject.toml.
+built-ins (daemon/analysis/builtin_capabilities/, one module each) are registered exactly that way, in pyproject.toml.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Each goal's reference solution is the one the scripted agent follows (policies.p
 checker enforces (outcomes.py): identify the customer, read the reservation, (search, or look up
 the policy), get the customer's yes to a change, make it, and answer. A step is reached when it
 happens after the previous one; the capability of a missed step is read from what the agent did
-instead (built-in capability names, daemon/analysis/builtin_capabilities.py):
+instead (built-in capability names, daemon/analysis/builtin_capabilities/):
 
 - no tool call where one was needed, as the first thing → ``tool_call_precision``; a call to the
   step's tool whose arguments break its schema → ``tool_call_precision`` too;
