@@ -335,3 +335,12 @@ def test_a_targeted_candidate_from_the_generalist_is_narrated_against_it_with_wh
         "held-out success 0.46 vs the generalist generalist.support@v1 0.02; next actions on the generalist's held-out conversations: "
         "generalist 0.81 → adapter 0.52 of 81 turns (-0.29 [-0.40, -0.18], McNemar p 0.00): forgets them (margin 0.05)"
     )
+
+
+def test_the_demo_without_the_example_agent_says_where_it_runs(tmp_path: Path) -> None:
+    # An installed wheel ships no examples/: `tracefix demo` says so in one line instead of a traceback.
+    code = "import sys; sys.modules['examples.demo'] = None; from tracefix.daemon.app.cli import main; sys.argv = ['tracefix', 'demo']; main()"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "tracefix demo runs the example airline agent in the repository's examples/ folder" in done.stderr
+    assert "run `make demo` in a clone" in done.stderr
