@@ -21,7 +21,8 @@ from fastapi.responses import JSONResponse
 from tracefix.daemon.core.auth import router_token
 from tracefix.daemon.core.settings import ConfigError, Settings
 from tracefix.daemon.core.sockets import bind
-from tracefix.router.backend import Backend, EmbeddedBackend
+from tracefix.router.backend import Backend
+from tracefix.router.embedded import EmbeddedBackend
 from tracefix.router.protocol import ApiError
 from tracefix.router.routes import admin, chat, errors, health, models
 from tracefix.router.routing import RoutingTable

@@ -246,7 +246,7 @@ def serving_router(config: Path) -> Iterator[tuple[str, Any, Any]]:
     import uvicorn
 
     from tracefix.daemon.core.settings import load_settings
-    from tracefix.router.backend import EmbeddedBackend
+    from tracefix.router.embedded import EmbeddedBackend
     from tracefix.router.server import create_app
 
     settings = load_settings(config)

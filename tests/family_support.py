@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tracefix.trainer.environment import Family, Instance, Message, Rollout, Tool, load_tools, rollout, solution_policy
-from tracefix.trainer.world import properties
+from tracefix.trainer.schema_values import properties
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "tools"

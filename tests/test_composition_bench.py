@@ -70,7 +70,7 @@ def two_prompts(choose: Callable[[str], str | None]) -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def backend(wide_tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     import torch  # noqa: F401  (installed by make test: never skipped)
-    from tracefix.router.backend import EmbeddedBackend
+    from tracefix.router.embedded import EmbeddedBackend
 
     embedded = EmbeddedBackend(str(wide_tiny_model), tmp_path_factory.mktemp("cache"), max_context_tokens=1024)
     yield embedded

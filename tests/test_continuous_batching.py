@@ -1,4 +1,4 @@
-"""The embedded backend's continuous batching (router/backend.py): requests join a running batch
+"""The embedded backend's continuous batching (router/embedded.py): requests join a running batch
 between decode steps and leave it when they end, on a real (tiny, random) Llama with a LoRA adapter.
 What each request generates must not depend on what it shared a batch with."""
 
@@ -15,7 +15,8 @@ import pytest
 import torch  # noqa: F401  (installed by make test: never skipped)
 
 from tracefix.router import metrics  # noqa: E402
-from tracefix.router.backend import Delta, EmbeddedBackend, Failed, Finished, Generation, Sampling  # noqa: E402
+from tracefix.router.backend import Delta, Failed, Finished, Generation, Sampling  # noqa: E402
+from tracefix.router.embedded import EmbeddedBackend  # noqa: E402
 from tests.lora_support import make_adapter  # noqa: E402
 
 OPENING = "You are the support agent of a small airline. " * 12
@@ -157,7 +158,7 @@ def test_every_row_predicts_each_token_as_a_plain_forward_over_its_own_tokens(
     position, mask or merged cache shows here even where the tiny model's greedy text would not."""
     import torch
 
-    from tracefix.router import backend as backend_module
+    from tracefix.router import embedded as backend_module
 
     seen: dict[int, list[Any]] = {}  # id(generation) → the logits of each of its steps
     real_sample = backend_module._sample

@@ -107,7 +107,7 @@ def test_the_settings_decide_which_tools_change_state_for_the_environments_too(t
     """A write whose name no default prefix matches (resolve_ticket) is unknown until [capabilities]
     state_changing_tools names it; then precondition_verification builds on it, as its labeler judges it."""
     from tracefix.daemon.core.settings import CapabilitySettings
-    from tracefix.trainer import world
+    from tracefix.trainer import schema_values
 
     tools = [
         {"name": "get_ticket", "description": "Fetch a ticket.",
@@ -125,4 +125,4 @@ def test_the_settings_decide_which_tools_change_state_for_the_environments_too(t
     marked = subprocess.run([*command, "--config", str(config)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert marked.returncode == 0, marked.stdout + marked.stderr
     # With no settings at all, names decide, by the same prefixes the settings default to.
-    assert tuple(CapabilitySettings().state_changing_prefixes) == world.WRITE_PREFIXES
+    assert tuple(CapabilitySettings().state_changing_prefixes) == schema_values.WRITE_PREFIXES

@@ -10,7 +10,7 @@ import pytest
 
 from tracefix.trainer.environment import assistant_call, assistant_text
 from tracefix.trainer.families.error_recovery import ErrorRecoveryFamily
-from tracefix.trainer.world import id_parameters, properties
+from tracefix.trainer.schema_values import id_parameters, properties
 
 from tests.family_support import TOOL_SETS, assert_each_case_earns, cases, perturbed, solved
 

@@ -11,7 +11,7 @@ import pytest
 
 from tracefix.trainer.environment import Message, assistant_call, assistant_text, load_tools, rollout, solution_policy
 from tracefix.trainer.families.multi_step_completion import SYSTEM_INSTRUCTIONS, MultiStepCompletionFamily, MultiStepCompletionInstance
-from tracefix.trainer.world import Values, is_write, key_parameters, properties, required
+from tracefix.trainer.schema_values import Values, is_write, key_parameters, properties, required
 
 from tests.family_support import TOOL_SETS, cases, play, solved, transcript
 

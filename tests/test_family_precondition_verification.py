@@ -10,7 +10,7 @@ import pytest
 
 from tracefix.trainer.environment import Message, assistant_call, assistant_text, noop_policy, rollout
 from tracefix.trainer.families.precondition_verification import PreconditionVerificationFamily, asks_confirmation, mentions
-from tracefix.trainer.world import id_parameters, is_write
+from tracefix.trainer.schema_values import id_parameters, is_write
 
 from tests.family_support import TOOL_SETS, assert_each_case_earns, cases, perturbed, solved
 

@@ -16,7 +16,7 @@ from tracefix.trainer.families.structured_data_reasoning import (
     money,
     numbers_in,
 )
-from tracefix.trainer.world import is_read
+from tracefix.trainer.schema_values import is_read
 
 from tests.family_support import TOOL_SETS, cases, play, solved
 

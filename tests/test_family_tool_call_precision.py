@@ -13,8 +13,8 @@ import pytest
 
 from tracefix.trainer.environment import Environment, assistant_call, assistant_text, load_tools
 from tracefix.trainer.families.tool_call_precision import LOOKUP_SHARE, ToolCallPrecisionFamily, lookup_reads
+from tracefix.trainer.schema_values import Values, properties, required
 from tracefix.trainer.simulation import schema_error
-from tracefix.trainer.world import Values, properties, required
 
 from tracefix.trainer.families._shared import phrase
 

@@ -13,7 +13,8 @@ import pytest
 import torch  # noqa: F401  (installed by make test: never skipped)
 
 from tracefix.router import metrics  # noqa: E402
-from tracefix.router.backend import EmbeddedBackend, Failed, Finished, Generation, Sampling  # noqa: E402
+from tracefix.router.backend import Failed, Finished, Generation, Sampling  # noqa: E402
+from tracefix.router.embedded import EmbeddedBackend  # noqa: E402
 from tests.lora_support import make_adapter  # noqa: E402
 from tracefix.trainer import prefix_cache, rollouts  # noqa: E402
 from tracefix.trainer.environment import Instance, Message, StepResult, assistant_text  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 from examples.airline import Database
 from examples.airline.tools import execute
 from tracefix.trainer.result_shapes import conformance, dress, generate, learn
-from tracefix.trainer.world import Values
+from tracefix.trainer.schema_values import Values
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,8 @@ from peft import LoraConfig, get_peft_model  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from tracefix.router import protocol  # noqa: E402
-from tracefix.router.backend import EmbeddedBackend, held_back  # noqa: E402
+from tracefix.router.backend import held_back  # noqa: E402
+from tracefix.router.embedded import EmbeddedBackend  # noqa: E402
 from tracefix.router.routing import LABELS, classifier_messages  # noqa: E402
 from tests.conftest import REPO, free_port, serving_router, wait_for  # noqa: E402
 from tests.lora_support import TARGETS, make_adapter  # noqa: E402

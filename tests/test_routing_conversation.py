@@ -19,7 +19,7 @@ import peft  # noqa: F401  (installed by make test: never skipped)
 
 from tracefix.daemon.core import generalist, tracks  # noqa: E402
 from tracefix.router import routing  # noqa: E402
-from tracefix.router.backend import EmbeddedBackend  # noqa: E402
+from tracefix.router.embedded import EmbeddedBackend  # noqa: E402
 from tracefix.router.routing import Classifier, Lease, RoutingTable  # noqa: E402
 from tests.conftest import serving_router  # noqa: E402
 from tests.lora_support import make_adapter  # noqa: E402

@@ -24,7 +24,8 @@ from examples.airline.tools import TOOLS, execute
 from tracefix.trainer.environment import Family, Message, Tool, assistant_call, load_tools, rollout, solution_policy
 from tracefix.trainer.families import load_families
 from tracefix.trainer.result_shapes import learn
-from tracefix.trainer.world import World, is_write, required
+from tracefix.trainer.schema_values import is_write, required
+from tracefix.trainer.world import World
 
 SEEDS = range(10)
 _ID_FIELD = re.compile(r"(^|_)(id|number|code|ref|reference)$")

@@ -3,7 +3,7 @@
 ``transformers``' ``generate`` steps every row of a batch until the longest is done: a row that has
 written its end-of-turn token goes on being fed padding, and on a CPU each decode step costs about
 as much per row as a prefill token does. Here a finished row is dropped from the batch and from its
-key/value cache at once, as the router's continuous batching does (``router.backend``), so a step
+key/value cache at once, as the router's continuous batching does (``router.embedded``), so a step
 costs what the rows still writing cost. In a cache whose opening the rows share
 (``trainer.opening_attention.OpeningCache``) a row still writing moves into the place of one that
 left (``leaving``), within the cache's buffers: one row copied for each that leaves, not the batch.

@@ -14,7 +14,7 @@ from jsonschema.exceptions import best_match
 from jsonschema.validators import validator_for
 
 from tracefix.trainer.environment import Tool
-from tracefix.trainer.world import id_parameters
+from tracefix.trainer.schema_values import id_parameters
 
 
 def derive_seed(*parts: Any) -> int:

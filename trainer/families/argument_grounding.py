@@ -23,8 +23,8 @@ import orjson
 from tracefix.trainer.environment import Family, Message, Tool, ToolCall, assistant_call, assistant_text, tool_message
 from tracefix.trainer.families._shared import ToolUseInstance, phrase, plural, shown, spoken
 from tracefix.trainer.families.tool_call_precision import OPENERS, SYSTEM_INSTRUCTIONS, action_phrase, simulated_result, state_values, tool_entity
+from tracefix.trainer.schema_values import Values, entity_of, id_parameters, is_read, properties, required
 from tracefix.trainer.simulation import derive_seed, same, schema_error
-from tracefix.trainer.world import Values, entity_of, id_parameters, is_read, properties, required
 
 _PEOPLE = ("user", "customer", "account", "member", "person", "passenger", "client", "guest", "patient")
 _IDENTIFYING = ("email", "phone", "user", "username", "account", "customer", "name", "login")

@@ -46,8 +46,8 @@ from tracefix.trainer.environment import (
     tool_message,
 )
 from tracefix.trainer.families._shared import PAST, shown
+from tracefix.trainer.schema_values import Values, entity_of, id_parameters, is_write, properties, required
 from tracefix.trainer.simulation import SETTLED_STATUSES, derive_seed, error_result, same_as_backend, schema_error, unknown_id
-from tracefix.trainer.world import Values, entity_of, id_parameters, is_write, properties, required
 
 # -- local helpers (wording) -------------------------------------------------------------------------
 

@@ -25,8 +25,8 @@ import orjson
 
 from tracefix.trainer.environment import Family, Message, Tool, ToolCall, assistant_call, assistant_text, tool_message, tools_hash
 from tracefix.trainer.families._shared import PAST, AnsweringInstance, and_join, phrase, spoken
+from tracefix.trainer.schema_values import Values, entity_of, is_read, is_write, key_parameters, properties, required
 from tracefix.trainer.simulation import derive_seed, same, to_the_cent
-from tracefix.trainer.world import Values, entity_of, is_read, is_write, key_parameters, properties, required
 
 # -- shared helpers ----------------------------------------------------------------------------------
 

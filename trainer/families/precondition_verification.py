@@ -1,7 +1,7 @@
 """precondition_verification: a write is requested; the reward needs read → confirm → write.
 
-A state-changing tool of the target (``world.is_write``) is picked (seeded) whose id parameter is
-also the id parameter of a read tool (``reservation_id`` of ``get_reservation`` and
+A state-changing tool of the target (``schema_values.is_write``) is picked (seeded) whose id
+parameter is also the id parameter of a read tool (``reservation_id`` of ``get_reservation`` and
 ``cancel_reservation``, ``order_number`` of ``find_order`` and ``issue_refund``…). The user asks
 for the change and gives the id and every other value the write needs. The environment plays the
 backend (the read returns the stored record, the write changes it) and the user: when the
@@ -42,8 +42,8 @@ from tracefix.trainer.environment import (
     tool_message,
 )
 from tracefix.trainer.families._shared import PAST, shown
+from tracefix.trainer.schema_values import Values, entity_of, id_parameters, is_read, is_write, properties, required
 from tracefix.trainer.simulation import SETTLED_STATUSES, derive_seed, error_result, matches, schema_error, unknown_id
-from tracefix.trainer.world import Values, entity_of, id_parameters, is_read, is_write, properties, required
 
 # -- local helpers (wording) -------------------------------------------------------------------------
 

@@ -27,8 +27,8 @@ import orjson
 from tracefix.trainer.environment import Family, Message, Tool, ToolCall, assistant_call, assistant_text
 from tracefix.trainer.families._shared import AnsweringInstance, and_join, phrase, plural, singular, spoken
 from tracefix.trainer.families.multi_step_completion import tool_noun
+from tracefix.trainer.schema_values import Values, entity_of, is_read, is_write, key_parameters, properties, required
 from tracefix.trainer.simulation import derive_seed, same, to_the_cent
-from tracefix.trainer.world import Values, entity_of, is_read, is_write, key_parameters, properties, required
 
 # -- what the records look like ----------------------------------------------------------------------
 

@@ -32,8 +32,9 @@ import orjson
 
 from tracefix.trainer.environment import Family, Message, ParsedTurn, Tool, ToolCall, assistant_call, assistant_text
 from tracefix.trainer.families._shared import ToolUseInstance, and_join, phrase, singular, spoken
+from tracefix.trainer.schema_values import Values, entity_of, id_parameters, is_read, properties, required
 from tracefix.trainer.simulation import derive_seed, same, schema_error
-from tracefix.trainer.world import Values, World, entity_of, id_parameters, is_read, properties, required
+from tracefix.trainer.world import World
 
 LOOKUP_SHARE = 0.5  # share of the seeds that hold values back behind a read, where the tools allow it
 

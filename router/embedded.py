@@ -1,0 +1,532 @@
+"""The embedded backend: one frozen base model in process (transformers + peft, CPU), any number of
+LoRA adapters attached to it under versioned names, and one generation thread that serves them all.
+
+Why one thread: PEFT's adapter state lives on the shared model, so two threads generating with
+different adapters would corrupt each other. Instead the generation thread decodes every running
+sequence together, up to ``max_batch`` of them, whatever adapter each uses: PEFT applies a
+different adapter to each row of a batch (``adapter_names``), so requests for different adapters
+share one forward pass instead of waiting for each other.
+
+Continuous batching (as vLLM and TGI do it, one request's prefill at a time between decode steps):
+between two decode steps, waiting requests join the running batch in arrival order while there is
+room. Their prompts are prefilled in a forward pass of their own, their first tokens sampled, and
+their key/value caches merged into the batch's; a sequence that ends leaves the batch at once and
+frees its row. So a short request is not held up by the longest one it happens to share a batch
+with, and a new one does not wait for the batch to drain. Rows are right-aligned (every row's
+latest token in the last column, left padding masked, positions kept per row), so merging pads the
+narrower cache on the left. ``continuous_batching = false`` keeps static batches, each running
+until its last sequence ends (the baseline ``bench/router_batching.py`` compares against).
+
+Requests routed by the token-level gate (``trainer.gate``) run only with each other: the gate
+replaces the LoRA layers' forward for the whole model, so it is installed for gate batches and
+removed before anything else runs. Admission is first come, first served: a request that cannot
+join (no room for its ``n`` rows, or the other kind of batch) holds back those behind it until the
+running batch has made room, so none waits forever.
+
+Every generated token is pushed to its request's sink at once; the HTTP side drains its own queue,
+so a slow client never holds up the batch. Loading and unloading adapters take the same lock as a
+decode step, so the model never changes under a forward pass.
+
+`router.backend` holds what the server and the routing table need of any backend (`Backend`), with
+the request and event types both backends share; `router.vllm` is the other one.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracefix.daemon.core.settings import Settings
+from tracefix.router import metrics
+from tracefix.router.backend import (
+    AdapterConflict,
+    Delta,
+    Event,
+    Failed,
+    Finished,
+    GateSpec,
+    Generation,
+    chat_token_ids,
+    first_token_id,
+    held_back,
+)
+from tracefix.trainer import adapters, prefix_cache
+from tracefix.trainer import model as models
+
+log = logging.getLogger(__name__)
+
+PEFT_BASE = "__base__"  # PEFT's name for "no adapter" in a mixed batch
+
+
+def peft_name(name: str) -> str:
+    """The name PEFT holds adapter `name` under: a torch module name has no ".", which a generalist's
+    (``generalist.<agent>@v1``) has; "%" is in no served name, so the mapping is one to one."""
+    return name.replace(".", "%2E")
+
+
+@dataclass(slots=True)
+class _Row:
+    """One sequence of a batch: a choice of a request."""
+
+    generation: Generation
+    choice: int
+    generator: Any
+    tokens: list[int] = field(default_factory=list)
+    sent: int = 0
+    finished: bool = False
+    share_sum: Any = None  # gate-routed: the sum of the gate's expert weights over generated tokens
+    slots: list[str] | None = None
+
+
+@dataclass(slots=True)
+class _Batch:
+    """The running rows and their key/value cache, laid out right-aligned: every row's latest token
+    in the cache's last column, the columns before its own masked. ``next_ids`` [rows, 1] are the
+    tokens fed at the next step, at ``positions`` [rows, 1]; ``mask`` [rows, width] covers the cache."""
+
+    rows: list[_Row] = field(default_factory=list)
+    gate: GateSpec | None = None
+    cache: Any = None
+    mask: Any = None
+    positions: Any = None
+    next_ids: Any = None
+
+    def keep(self, indices: list[int]) -> None:
+        """Only the rows at ``indices`` stay; columns no remaining row attends are cut from the left."""
+        if len(indices) == len(self.rows):
+            return
+        self.rows = [self.rows[index] for index in indices]
+        if not indices:
+            self.cache = self.mask = self.positions = self.next_ids = None
+            return
+        import torch
+
+        chosen = torch.tensor(indices)
+        mask = self.mask[chosen]
+        start = int(mask.any(dim=0).long().argmax())  # the first column some row attends
+        self.mask, self.positions, self.next_ids = mask[:, start:], self.positions[chosen], self.next_ids[chosen]
+        for layer in self.cache.layers:
+            layer.keys, layer.values = layer.keys[chosen, :, start:], layer.values[chosen, :, start:]
+
+    def merge(self, other: _Batch, config: Any) -> None:
+        """Add ``other``'s rows, the narrower cache padded on the left (masked columns); ``config``
+        is the model's."""
+        if not other.rows:
+            return
+        if not self.rows:
+            self.rows, self.gate, self.cache, self.mask = other.rows, other.gate, other.cache, other.mask
+            self.positions, self.next_ids = other.positions, other.next_ids
+            return
+        import torch
+        from transformers import DynamicCache
+
+        width = max(self.mask.shape[1], other.mask.shape[1])
+
+        def padded(tensor: Any, dim: int) -> Any:
+            missing = width - tensor.shape[dim]
+            if not missing:
+                return tensor
+            shape = list(tensor.shape)
+            shape[dim] = missing
+            return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+        layers = [
+            (torch.cat([padded(mine.keys, 2), padded(theirs.keys, 2)]), torch.cat([padded(mine.values, 2), padded(theirs.values, 2)]))
+            for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True)
+        ]
+        self.cache = DynamicCache(ddp_cache_data=layers, config=config)
+        self.mask = torch.cat([padded(self.mask, 1), padded(other.mask, 1)])
+        self.positions = torch.cat([self.positions, other.positions])
+        self.next_ids = torch.cat([self.next_ids, other.next_ids])
+        self.rows = self.rows + other.rows
+
+
+class EmbeddedBackend:
+    """The base model, its loaded adapters and the generation thread."""
+
+    supports_gate = True
+
+    def __init__(
+        self,
+        model: str,
+        cache_dir: Path,
+        max_batch: int = 8,
+        max_context_tokens: int = 8192,
+        threads: int = 0,
+        prefix_cache_mib: int = 1024,
+        continuous: bool = True,
+        dtype: str = "float32",
+    ) -> None:
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.model_dir = models.resolve(model, Path(cache_dir))
+        self.model, self.tokenizer = models.load(str(self.model_dir), Path(cache_dir), dtype)
+        self.base_hash = adapters.base_model_hash(self.model_dir)
+        self.max_batch = max_batch
+        # Joining and leaving a running batch moves its cache's columns, which a sliding-window
+        # layer (holding only its window) cannot follow: such a model keeps static batches.
+        self.continuous = continuous and _full_attention(self.model.config)
+        if continuous and not self.continuous:
+            log.warning("%s has sliding-window attention layers: the embedded backend runs static batches", model)
+        positions = getattr(self.model.config, "max_position_embeddings", None) or max_context_tokens
+        self.context_tokens = min(max_context_tokens, positions)
+        eos = self.model.generation_config.eos_token_id
+        self.end_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
+        self.pad_id = self.tokenizer.pad_token_id
+        self.loaded: dict[str, Path] = {}
+        self.prefixes = prefix_cache.PrefixStore(prefix_cache_mib << 20) if prefix_cache_mib else None
+        self._lock = threading.Lock()  # held by every forward pass and every change of the model
+        self._gate: Any = None  # the installed trainer.gate.GatedExperts, for `_gate_spec`
+        self._gate_spec: GateSpec | None = None
+        self._pending: deque[Generation] = deque()
+        self._ready = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._serve, name="generation", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EmbeddedBackend:
+        """The backend for a tracefix configuration: its [model] and [router] sections."""
+        cache_dir = settings.model_cache_dir
+        router = settings.router
+        return cls(
+            settings.model.name, cache_dir, router.max_batch, router.max_context_tokens, settings.model.threads,
+            router.prefix_cache_mib, router.continuous_batching, settings.model.dtype,
+        )  # fmt: skip
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def health(self) -> str:
+        return "ok" if self.alive else "generation stopped"
+
+    # -- adapters ---------------------------------------------------------------------------------
+
+    def load(self, name: str, directory: Path) -> None:
+        """Verify the adapter against this base model and attach it as `name`. A damaged or foreign
+        adapter raises `AdapterRejected` and leaves everything as it was."""
+        if name in self.loaded:
+            raise AdapterConflict(f"{name} is already loaded; load the new weights under a new version")
+        adapters.verify_adapter(directory, self.base_hash)  # refused without stalling generation
+        with self._lock:
+            self._use_gate(None)
+            try:
+                # Verifies again: the weights attached are the ones checked, even if the files changed.
+                self.model = adapters.load_adapter(self.model, directory, peft_name(name), self.base_hash)
+            except adapters.AdapterRejected:
+                raise
+            except Exception as error:  # PEFT refused the weights (wrong shapes, missing modules)
+                self._discard(name)
+                raise adapters.AdapterRejected(f"{directory} does not fit the base model: {error}") from error
+            self.loaded[name] = Path(directory)
+            if self.prefixes is not None:
+                self.prefixes.drop(name)
+
+    def unload(self, name: str) -> None:
+        """Detach an adapter; the caller guarantees no request is using it."""
+        with self._lock:
+            if self.loaded.pop(name, None) is not None:
+                self._use_gate(None)
+                self._discard(name)
+            if self.prefixes is not None:
+                self.prefixes.drop(name)
+
+    def _discard(self, name: str) -> None:
+        from peft import PeftModel
+
+        name = peft_name(name)
+        if not isinstance(self.model, PeftModel) or name not in self.model.peft_config:
+            return
+        if len(self.model.peft_config) == 1:
+            # PEFT cannot delete its last adapter; removing the LoRA layers gives the plain base back.
+            self.model = self.model.unload()
+            return
+        if self.model.active_adapter == name:
+            # Requests name their adapter per row, so which one is "active" only matters to PEFT,
+            # which warns when it has to pick another itself.
+            other = next(other for other in self.model.peft_config if other != name)
+            self.model.set_adapter(other, inference_mode=True)
+        self.model.delete_adapter(name)
+
+    def check_gate(self, gate: GateSpec) -> None:
+        """Install the gate now, so weights that do not fit these adapters are refused before any
+        request depends on them (`ValueError` with the reason)."""
+        with self._lock:
+            self._use_gate(gate)
+
+    def _use_gate(self, gate: GateSpec | None) -> None:
+        """Make `gate` (or no gate) the one installed; the model lock is held."""
+        if self._gate is not None and self._gate_spec != gate:
+            self._gate.remove()
+            self._gate, self._gate_spec = None, None
+        if gate is not None and self._gate is None:
+            from tracefix.trainer.gate import GatedExperts
+
+            gated = GatedExperts(self.model, list(gate.adapters))
+            try:
+                gated.load(gate.path)
+            except Exception:
+                gated.remove()
+                raise
+            self._gate, self._gate_spec = gated, gate
+
+    # -- prompts ----------------------------------------------------------------------------------
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Token ids of a conversation in the model's chat template, ending with the assistant prompt."""
+        return chat_token_ids(self.tokenizer, messages)
+
+    def token_id(self, text: str) -> int:
+        """The first token of `text`, as the model would write it at the start of its answer."""
+        return first_token_id(self.tokenizer, text)
+
+    def next_token_logits(self, prompt: list[int]) -> Any:
+        """The base model's next-token logits after `prompt` (adapters off), as a 1-D tensor."""
+        import torch
+
+        with self._lock, torch.no_grad():
+            self._use_gate(None)
+            output = self.model(input_ids=torch.tensor([prompt]), logits_to_keep=1, **self._adapter_arguments([None]))
+        return output.logits[0, -1].float()
+
+    def next_token_scores(self, prompt: list[int], token_ids: Sequence[int]) -> list[float]:
+        """The base model's next-token logits after `prompt` of `token_ids` only, in their order."""
+        logits = self.next_token_logits(prompt)
+        return [float(logits[token]) for token in token_ids]
+
+    # -- generation -------------------------------------------------------------------------------
+
+    def submit(self, generation: Generation) -> None:
+        """Queue a request; its events arrive through ``generation.emit`` from the generation thread."""
+        if generation.n > self.max_batch:
+            raise ValueError(f"n={generation.n} is more than the {self.max_batch} sequences of a batch")
+        with self._ready:
+            if self._stopping:
+                raise RuntimeError("the router is shutting down")
+            self._pending.append(generation)
+            metrics.BATCH_WAITING.set(len(self._pending))
+            self._ready.notify()
+
+    def stop(self) -> None:
+        """End the running batch after its current step and fail its requests and those still waiting;
+        the generation thread ends."""
+        with self._ready:
+            self._stopping = True
+            waiting = list(self._pending)
+            self._pending.clear()
+            metrics.BATCH_WAITING.set(0)
+            self._ready.notify()
+        for generation in waiting:
+            _emit(generation, Failed("the router is shutting down"))
+        self._thread.join(timeout=30)
+
+    def _admit(self, batch: _Batch) -> list[Generation]:
+        """The waiting requests that join ``batch`` now, in arrival order; waits while there is
+        nothing to run. A request that cannot join (no room for its rows, a gate batch and a plain
+        one) stops admission, so the running batch drains and it goes next. Static batching admits
+        only into an empty batch. [] when stopping."""
+        with self._ready:
+            while not self._pending and not batch.rows and not self._stopping:
+                self._ready.wait()
+            if self._stopping or (batch.rows and not self.continuous):
+                return []
+            gate = batch.gate if batch.rows else self._pending[0].gate if self._pending else None
+            room = self.max_batch - len(batch.rows)
+            joining: list[Generation] = []
+            while self._pending and self._pending[0].n <= room and self._pending[0].gate == gate:
+                joining.append(self._pending.popleft())
+                room -= joining[-1].n
+            metrics.BATCH_WAITING.set(len(self._pending))
+            return joining
+
+    def _serve(self) -> None:
+        batch = _Batch()
+        while True:
+            joining = self._admit(batch)
+            if self._stopping:  # shutting down: what is left of the running batch ends now
+                for generation in {row.generation for row in batch.rows}:
+                    _emit(generation, Failed("the router is shutting down"))
+                metrics.BATCH_ROWS.set(0)
+                return
+            try:
+                if joining:
+                    self._join(batch, joining)
+                if batch.rows:
+                    self._step(batch)
+            except Exception as error:  # a failing batch fails its requests, never the thread
+                log.exception("generation failed")
+                for generation in {*joining, *(row.generation for row in batch.rows)}:
+                    _emit(generation, Failed(f"generation failed: {error}"))
+                batch = _Batch()
+            metrics.BATCH_ROWS.set(len(batch.rows))
+
+    def _adapter_arguments(self, adapters_of_rows: Sequence[str | None]) -> dict[str, Any]:
+        from peft import PeftModel
+
+        if not isinstance(self.model, PeftModel):
+            return {}
+        return {"adapter_names": [peft_name(name) if name else PEFT_BASE for name in adapters_of_rows]}
+
+    def _forward(self, rows: list[_Row], gate: GateSpec | None, **inputs: Any) -> Any:
+        """One forward pass of ``rows`` under the model lock, each with its adapter (or the gate);
+        the next-token logits only."""
+        import torch
+
+        with self._lock, torch.no_grad():
+            # Both per pass: an adapter load between passes removes the gate, and the first load
+            # wraps the model in PEFT, which then needs per-row adapter names.
+            self._use_gate(gate)
+            chosen = {} if gate else self._adapter_arguments([row.generation.adapter for row in rows])
+            output = self.model(**inputs, use_cache=True, logits_to_keep=1, **chosen)
+            if gate:
+                self._add_shares(rows, self._gate.token_shares()[:, -1], self._gate.slots)
+        return output
+
+    def _join(self, batch: _Batch, joining: list[Generation]) -> None:
+        """Prefill the joining requests' prompts, sample their first tokens and merge them into ``batch``."""
+        import torch
+
+        rows = [
+            _Row(generation, choice, _generator(generation.sampling.seed, choice))
+            for generation in joining
+            for choice in range(generation.n)
+        ]
+        gate = joining[0].gate
+        # Each row starts from the longest cached prefix of its prompt (prefix_cache.PrefixStore):
+        # its cached keys right-aligned in the first columns, then its uncached tail right-aligned,
+        # so every row's next token sits in the last column; positions skip the padding. The gate
+        # replaces the model's forward, so its batches neither use nor fill the store.
+        storing = self.prefixes is not None and gate is None
+        matches = [self.prefixes.lookup(row.generation.adapter, row.generation.prompt) if storing else (None, 0) for row in rows]
+        if any(length for _, length in matches):
+            cache, cached_mask = prefix_cache.batch_cache(matches, self.model.config)
+        else:
+            cache, cached_mask = None, torch.zeros((len(rows), 0), dtype=torch.long)
+        input_ids, tail_mask = prefix_cache.layout([], [row.generation.prompt[length:] for row, (_, length) in zip(rows, matches)], self.pad_id)
+        mask = torch.cat([cached_mask, tail_mask], dim=1)
+        positions = prefix_cache.positions(mask)[:, cached_mask.shape[1] :]
+        output = self._forward(rows, gate, input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache)
+        if storing:  # each distinct prompt's keys and values, for its next turn
+            cached_tokens = sum(length for _, length in matches)
+            metrics.PREFILL_TOKENS.labels("cached").inc(cached_tokens)
+            metrics.PREFILL_TOKENS.labels("prefilled").inc(sum(len(row.generation.prompt) for row in rows) - cached_tokens)
+            for index, row in enumerate(rows):
+                if row.choice == 0:  # the n choices of a request share its prompt
+                    self.prefixes.store(row.generation.adapter, row.generation.prompt, prefix_cache.row_layers(output.cache, index, mask[index].bool()))
+            metrics.PREFIX_CACHE_BYTES.set(self.prefixes.nbytes)
+        joined = _Batch(rows, gate, output.cache, mask, positions[:, -1:] + 1)
+        self._take(joined, output.logits[:, -1])
+        batch.merge(joined, self.model.config)
+
+    def _step(self, batch: _Batch) -> None:
+        """One decode step of every running row."""
+        import torch
+
+        mask = torch.cat([batch.mask, torch.ones((len(batch.rows), 1), dtype=torch.long)], dim=1)
+        output = self._forward(
+            batch.rows, batch.gate, input_ids=batch.next_ids, attention_mask=mask, position_ids=batch.positions, cache=batch.cache
+        )
+        batch.cache, batch.mask, batch.positions = output.cache, mask, batch.positions + 1
+        self._take(batch, output.logits[:, -1])
+
+    def _take(self, batch: _Batch, logits: Any) -> None:
+        """Sample each row's next token from ``logits`` [rows, vocabulary], send its text, and let
+        the rows that ended (or whose client went away) leave the batch."""
+        import torch
+
+        sampled = _sample(logits.float(), batch.rows)
+        for row, token in zip(batch.rows, sampled):
+            if row.generation.cancelled.is_set():
+                row.finished = True
+            else:
+                self._advance(row, token)
+        batch.next_ids = torch.tensor(sampled).unsqueeze(1)
+        batch.keep([index for index, row in enumerate(batch.rows) if not row.finished])
+
+    @staticmethod
+    def _add_shares(rows: list[_Row], weights: Any, slots: list[str]) -> None:
+        """Each unfinished row's expert weights at the position its next token is predicted from."""
+        for index, row in enumerate(rows):
+            if not row.finished:
+                row.share_sum = weights[index].clone() if row.share_sum is None else row.share_sum + weights[index]
+                row.slots = slots
+
+    def _advance(self, row: _Row, token: int) -> None:
+        """Record one sampled token and send the text that can no longer change or turn into a stop string."""
+        sampling = row.generation.sampling
+        row.tokens.append(token)
+        ended = token in self.end_ids
+        text = self.tokenizer.decode(row.tokens[:-1] if ended else row.tokens, skip_special_tokens=True)
+        cut = min((index for index in (text.find(stop) for stop in sampling.stop) if index >= 0), default=-1)
+        reason = None
+        if ended or cut >= 0:
+            reason = "stop"
+            text = text[:cut] if cut >= 0 else text
+            safe = len(text)
+        elif len(row.tokens) >= sampling.max_tokens:
+            reason, safe = "length", len(text)
+        else:
+            safe = len(text) - held_back(text, sampling.stop)
+        if safe > row.sent:
+            _emit(row.generation, Delta(row.choice, text[row.sent : safe]))
+            row.sent = safe
+        if reason is not None:
+            row.finished = True
+            shares = None
+            if row.share_sum is not None and row.slots:
+                mean = (row.share_sum / row.share_sum.sum()).tolist()
+                shares = {slot: round(value, 4) for slot, value in zip(row.slots, mean, strict=True)}
+            _emit(row.generation, Finished(row.choice, reason, text, len(row.tokens), shares))
+
+
+def _full_attention(config: Any) -> bool:
+    """Whether every layer of the model's key/value cache keeps all of its tokens (no sliding window)."""
+    from transformers import DynamicCache
+
+    from tracefix.trainer.opening_attention import shareable
+
+    return shareable(DynamicCache(config=config))
+
+
+def _generator(seed: int | None, choice: int) -> Any:
+    import torch
+
+    base = secrets.randbits(62) if seed is None else seed
+    return torch.Generator().manual_seed((base * 1_000_003 + choice) % (1 << 63))
+
+
+def _sample(logits: Any, rows: list[_Row]) -> list[int]:
+    """The next token of every row: greedy where its temperature is 0, else drawn with its own
+    generator by inverse CDF (torch.multinomial takes ~20 ms a row over a 49k vocabulary)."""
+    import torch
+
+    temperatures = torch.tensor([row.generation.sampling.temperature for row in rows])
+    probabilities = torch.softmax(logits / temperatures.clamp(min=1e-6).unsqueeze(1), dim=-1)
+    for index, row in enumerate(rows):
+        top_p = row.generation.sampling.top_p
+        if top_p < 1:
+            ordered, order = probabilities[index].sort(descending=True)
+            # Keep the most likely tokens until their mass reaches top_p; the first one always stays.
+            dropped = order[(ordered.cumsum(-1) - ordered) >= top_p]
+            probabilities[index, dropped] = 0
+    cumulative = probabilities.cumsum(-1)
+    draws = torch.cat([torch.rand(1, generator=row.generator) for row in rows]) * cumulative[:, -1]
+    drawn = torch.searchsorted(cumulative, draws.unsqueeze(1)).squeeze(1).clamp(max=logits.shape[-1] - 1)
+    return torch.where(temperatures > 0, drawn, logits.argmax(-1)).tolist()
+
+
+def _emit(generation: Generation, event: Event) -> None:
+    try:
+        generation.emit(event)
+    except Exception:  # a sink whose client is gone must not stop the batch
+        log.debug("dropped an event for a request that went away", exc_info=True)
