@@ -46,9 +46,10 @@ from pathlib import Path
 from typing import Any
 
 from tracefix.daemon.core import generalist, tracks
+from tracefix.daemon.core.states import ServingRole
 from tracefix.router import metrics
 from tracefix.router.backend import AdapterConflict, Backend, BackendUnavailable, GateSpec
-from tracefix.router.split import Split
+from tracefix.router.split import CANARY_ARM, Split
 from tracefix.trainer.adapters import AdapterRejected, read_manifest
 
 log = logging.getLogger(__name__)
@@ -99,8 +100,8 @@ class LiveAdapter:
         return self.split.share if self.split is not None else None
 
     @property
-    def role(self) -> str:
-        return "retiring" if self.retiring else "canary" if self.canary is not None else "live"
+    def role(self) -> ServingRole:
+        return ServingRole.RETIRING if self.retiring else ServingRole.CANARY if self.canary is not None else ServingRole.LIVE
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -111,7 +112,7 @@ class LiveAdapter:
             "path": self.path,
             "loaded_at": self.loaded_at,
             "in_flight": self.in_flight,
-            "state": "retiring" if self.retiring else "live",
+            "state": ServingRole.RETIRING if self.retiring else ServingRole.LIVE,
             "role": self.role,
             "canary": self.canary,
             "instructions": len(self.instructions),
@@ -347,7 +348,7 @@ class RoutingTable:
         arm = None
         if canary is not None:
             arm = self.adapters[canary].split.arm(unit)  # type: ignore[union-attr]  # under the table lock
-            current = canary if arm == "canary" else current
+            current = canary if arm == CANARY_ARM else current
         if current is None and not generalist.is_generalist(capability) and (default := self._generalist(agent)) is not None:
             # The control arm of a targeted capability's first canary: what serves the agent without
             # it, its generalist (whose weights the canary started from), not the bare base.
@@ -399,7 +400,7 @@ class RoutingTable:
         with self._admin:
             with self._lock:
                 if name in self.adapters:
-                    state = "retiring" if self.adapters[name].retiring else "live"
+                    state = ServingRole.RETIRING if self.adapters[name].retiring else ServingRole.LIVE
                     raise AdapterConflict(f"{name} is already loaded ({state}); load new weights under a new version")
             started = time.perf_counter()
             try:
@@ -427,7 +428,7 @@ class RoutingTable:
             metrics.SWAPS.labels("loaded").inc()
             metrics.SWAP_SECONDS.observe(seconds)
             previous = ", ".join(old for old in replaced if old) or None
-            role = f"canary at {canary:.0%}" if canary is not None else "live"
+            role = f"{ServingRole.CANARY} at {canary:.0%}" if canary is not None else ServingRole.LIVE
             log.info("%s %s (%s) in %.3f s", name, role, f"replacing {previous}" if previous else "new", seconds)
             for adapter in retired:
                 if adapter is not None:

@@ -21,6 +21,9 @@ import random
 from collections import OrderedDict
 
 MAX_BLOCK = 20
+# A split's two arms (recorded on the router's span): the canary's share of the conversations, and
+# the rest, its control. Words for where a conversation goes, not states of the served version.
+CANARY_ARM, CONTROL_ARM = "canary", "control"
 MEMORY = 65_536  # conversations remembered per canary: far more than are in flight at once
 
 
@@ -47,7 +50,7 @@ class Split:
         self._memory = memory
         self._arms: OrderedDict[str, str] = OrderedDict()
         self._block: list[str] = []
-        self.assigned = {"canary": 0, "control": 0}
+        self.assigned = {CANARY_ARM: 0, CONTROL_ARM: 0}
 
     def arm(self, unit: str | None) -> str:
         """"canary" or "control" for the conversation `unit` names (None: a request with no unit,
@@ -68,6 +71,6 @@ class Split:
     def _next_block(self) -> list[str]:
         places = self._places
         canary = round(places) if _whole(places) else int(places + self._rng.random())
-        block = ["canary"] * canary + ["control"] * (self.size - canary)
+        block = [CANARY_ARM] * canary + [CONTROL_ARM] * (self.size - canary)
         self._rng.shuffle(block)
         return block

@@ -11,7 +11,7 @@ import pytest
 from tracefix.daemon.promotion.lifecycle import IllegalTransition, NotFound, Promotion
 from tracefix.daemon.core.settings import StoreSettings
 from tracefix.daemon.store.store import AnalysisStore, Store
-from tracefix.daemon.store.store import COOLDOWN
+from tracefix.daemon.core.states import CapabilityState
 from tests.lora_support import register_candidate
 
 
@@ -38,7 +38,7 @@ def test_approval_and_rejection_are_audited_with_who_and_why(promotion: Promotio
 def test_a_rejection_cools_the_capability_down_so_it_can_trigger_again_later(promotion: Promotion) -> None:
     promotion.reject(1, "bob", "answers refunds wrongly")
     state = AnalysisStore(promotion.store).states()["error_recovery"]
-    assert state["state"] == COOLDOWN and state["cooldown_until"] is not None
+    assert state["state"] == CapabilityState.COOLDOWN and state["cooldown_until"] is not None
     assert "error_recovery@v1 rejected by bob: answers refunds wrongly" in state["reason"]
 
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tracefix.daemon.core.intervals import Z95, mcnemar_p, paired_difference, wilson
+from tracefix.daemon.core.states import TrainingVerdict
 from tracefix.trainer.environment import Environment
 from tracefix.trainer.grpo import adapter_weights
 from tracefix.trainer.rollouts import Sampling, play_in_batches
@@ -158,7 +159,7 @@ def compare(
         reasons.append(f"success {own.adapter.success_rate:.2f} vs base {own.base.success_rate:.2f}: gain {own.gain:+.2f} < margin {margin:.2f}")
     reasons += [f"{item.environment} got worse: {item.adapter.success_rate:.2f} < base interval {item.base.success_interval}" for item in interference if item.worse]
     return {
-        "verdict": "rejected_by_eval" if reasons else "candidate",
+        "verdict": TrainingVerdict.REJECTED_BY_EVAL if reasons else TrainingVerdict.CANDIDATE,
         "reasons": reasons,
         "margin": margin,
         "seeds": [seeds.start, seeds.stop],

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tracefix.daemon.core.settings import TrainingSettings
+from tracefix.daemon.core.states import TrainingVerdict
 from tracefix.trainer.adapters import base_model_hash, save_adapter
 from tracefix.trainer.conversations import conversation_sequence, read_conversations
 from tracefix.trainer.environment import Message
@@ -94,7 +95,7 @@ def run_generalist(request: dict[str, Any], run_dir: Path, progress: Progress | 
     reasons = [] if offered else [
         f"next-action accuracy {adapter_rate:.2f} does not beat the base's {base_rate:.2f} by more than {margin:.2f}"
     ]
-    evaluation = {"kind": "next_action", "verdict": "candidate" if offered else "rejected_by_eval", "reasons": reasons,
+    evaluation = {"kind": "next_action", "verdict": TrainingVerdict.CANDIDATE if offered else TrainingVerdict.REJECTED_BY_EVAL, "reasons": reasons,
                   "conversations": len(held_out), "learned_from": len(train), "margin": margin, **scored}  # fmt: skip
     result: dict[str, Any] = {
         "run_id": request["run_id"],

@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from tracefix.daemon.core.contracts import training_request
 from tracefix.daemon.core.settings import TrainingSettings
+from tracefix.daemon.core.states import TrainingVerdict
 from tracefix.trainer.adapters import AdapterRejected, base_model_hash, save_adapter, verify_adapter
 from tracefix.trainer.environment import Environment
 from tracefix.trainer.evaluation import compare
@@ -79,7 +80,7 @@ def finished_result(request: dict[str, Any], run_dir: Path) -> dict[str, Any] | 
     return {
         "run_id": request["run_id"],
         "capability": request["capability"],
-        "verdict": "candidate",
+        "verdict": TrainingVerdict.CANDIDATE,
         "evaluation": metrics["evaluation"],
         "training": {"recipe": manifest["recipe"], **{key: metrics[key] for key in ("tried", "warm_start", "rollouts", "imitation") if key in metrics}},
         "steps": metrics.get("steps"),
@@ -140,7 +141,7 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
         on_part(f"next actions on the generalist's {len(held_out)} held-out conversations")
         verdict["retention"] = retention(model, tokenizer, held_out, sampling, trained.started_from, float(generalist.get("retention_margin", 0.05)))
         if verdict["retention"]["forgets"]:
-            verdict["verdict"] = "rejected_by_eval"
+            verdict["verdict"] = TrainingVerdict.REJECTED_BY_EVAL
             verdict["reasons"].append(verdict["retention"]["reason"])
     cases = request.get("replay") or []
     if cases:
@@ -161,7 +162,7 @@ def run_training(request: dict[str, Any], run_dir: Path, progress: Callable[[dic
         import torch
 
         result["peak_gpu_mb"] = round(torch.cuda.max_memory_allocated() / 2**20)
-    if verdict["verdict"] == "candidate":
+    if verdict["verdict"] == TrainingVerdict.CANDIDATE:
         directory = run_dir / "adapter"
         manifest = {
             "capability": request["capability"],

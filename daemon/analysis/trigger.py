@@ -19,9 +19,8 @@ import orjson
 from tracefix.daemon.core import metrics, tracks
 from tracefix.daemon.analysis.capabilities import CapabilityRegistry
 from tracefix.daemon.core.settings import AnalysisSettings, CapabilitySettings, TriggerSettings
-from tracefix.daemon.store.store import (
-    CAPABILITY_STATES, COOLDOWN, GAP_DETECTED, HEALTHY, PIPELINE_STATES, WATCHING, AnalysisStore, Store,
-)  # fmt: skip
+from tracefix.daemon.core.states import CAPABILITY_STATES, PIPELINE_STATES, CapabilityState
+from tracefix.daemon.store.store import AnalysisStore, Store
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +82,7 @@ class Trigger:
         stepped = set(by_track) | {track for track in states if tracks.capability_of(track) in names}
         transitions = []
         for track in sorted(stepped):
-            state = states.get(track) or {"state": HEALTHY, "consecutive": 0, "last_pass_id": 0, "cooldown_until": None}
+            state = states.get(track) or {"state": CapabilityState.HEALTHY, "consecutive": 0, "last_pass_id": 0, "cooldown_until": None}
             if state["last_pass_id"] >= pass_id:
                 continue  # this pass was already consumed
             transition = self._step(track, state, by_track.get(track), pass_id, now)
@@ -109,20 +108,20 @@ class Trigger:
                 return Transition(capability, current, to, reason)
             return None
 
-        if current == COOLDOWN:
+        if current == CapabilityState.COOLDOWN:
             until = state["cooldown_until"]
             if until is not None and until.tzinfo is None:
                 until = until.replace(tzinfo=timezone.utc)
             if until is None or now >= until:
-                return move(HEALTHY, "cool-down over")
-            return move(COOLDOWN, state.get("reason") or "cooling down", 0, until)
+                return move(CapabilityState.HEALTHY, "cool-down over")
+            return move(CapabilityState.COOLDOWN, state.get("reason") or "cooling down", 0, until)
         if current in PIPELINE_STATES:
             return move(current, state.get("reason") or current, consecutive)
         if stats is None:
-            return move(HEALTHY, "no labeled trajectories in the window")
+            return move(CapabilityState.HEALTHY, "no labeled trajectories in the window")
         agent = tracks.agent_of(capability)
         if stats["selected"] and agent is not None and not self.capabilities.trains(agent):
-            return move(WATCHING, f"selected, not trained: [[capabilities.agents]] train = false for {agent}: {_summary(stats)}", 0)
+            return move(CapabilityState.WATCHING, f"selected, not trained: [[capabilities.agents]] train = false for {agent}: {_summary(stats)}", 0)
         if stats["selected"]:
             consecutive += 1
             if consecutive >= self.settings.hold_passes:
@@ -130,9 +129,9 @@ class Trigger:
                     reason = f"gap held {consecutive} passes: {_summary(stats)}"
                     self.store.create_training_request(capability, "trigger", reason, "trigger", stats_json)
                     metrics.TRAINING_REQUESTS.labels(capability, "trigger").inc()
-                return move(GAP_DETECTED, f"gap held {consecutive} passes: {_summary(stats)}", consecutive)
-            return move(WATCHING, f"selected {consecutive}/{self.settings.hold_passes} passes: {_summary(stats)}", consecutive)
+                return move(CapabilityState.GAP_DETECTED, f"gap held {consecutive} passes: {_summary(stats)}", consecutive)
+            return move(CapabilityState.WATCHING, f"selected {consecutive}/{self.settings.hold_passes} passes: {_summary(stats)}", consecutive)
         if self._gap_signal(stats):
             reason = f"gap without enough evidence (need {self.analysis.min_failures} failed runs): {_summary(stats)}"
-            return move(WATCHING, reason, 0)
-        return move(HEALTHY, f"no gap: {_summary(stats)}", 0)
+            return move(CapabilityState.WATCHING, reason, 0)
+        return move(CapabilityState.HEALTHY, f"no gap: {_summary(stats)}", 0)

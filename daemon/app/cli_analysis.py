@@ -11,6 +11,7 @@ import click
 from tracefix.daemon.app.cli_common import (
     client_call, config_option, interval_text, json_option, MISSING, print_json, rank_text, rate_text, settings_from,
 )
+from tracefix.daemon.core.states import CapabilityState
 
 
 @click.command()
@@ -59,7 +60,7 @@ def capabilities(config_path: Path | None, as_json: bool, window: str | None, ex
         console.print(Text(diagnosis["message"], style="yellow"))
     for item in items:
         for track in item.get("tracks") or []:  # each agent's own loop of the capability
-            if track["selected"] or track["state"] != "healthy":
+            if track["selected"] or track["state"] != CapabilityState.HEALTHY:
                 console.print(f"[bold]{item['name']}[/bold] for {track['agent']} {track['state']}: {escape(str(track['state_reason']))}")
         if item["selected"] and examples:
             _print_evidence(console, config_path, item["name"], examples)

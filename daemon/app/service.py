@@ -25,7 +25,8 @@ from tracefix.daemon.app.api import create_api
 from tracefix.daemon.analysis.registry import build_registry
 from tracefix.daemon.core.settings import Settings
 from tracefix.daemon.core.sockets import bind
-from tracefix.daemon.store.store import CAPABILITY_STATES, HEALTHY, AnalysisStore, Store
+from tracefix.daemon.core.states import CAPABILITY_STATES, CapabilityState
+from tracefix.daemon.store.store import AnalysisStore, Store
 from tracefix.daemon.pipeline.synthesis import Synthesizer
 from tracefix.daemon.analysis.trigger import Trigger
 from tracefix.daemon.promotion.lifecycle import Promotion
@@ -218,7 +219,7 @@ class Daemon:
                     "labeler_version": capability.labeler.version,
                     "environment_family": capability.environment_family,
                     "builtin": capability.builtin,
-                    "state": state.get("state", HEALTHY),
+                    "state": state.get("state", CapabilityState.HEALTHY),
                     "state_since": state.get("state_since"),
                     "state_reason": state.get("state_reason", "not analyzed yet"),
                     "state_agent": state.get("agent"),
@@ -252,7 +253,7 @@ class Daemon:
                 {
                     "track": track,
                     "agent": owner,
-                    "state": state.get("state", HEALTHY),
+                    "state": state.get("state", CapabilityState.HEALTHY),
                     "state_since": state.get("state_since"),
                     "state_reason": state.get("reason", "not analyzed yet"),
                     "selected": selected.get(track, False),

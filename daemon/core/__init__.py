@@ -1,1 +1,2 @@
-"""What every tracefix process shares: settings, auth, sockets, metrics, intervals, semantic-convention names."""
+"""What every tracefix process shares: settings, auth, sockets, metrics, intervals, semantic-convention names,
+the states of the state machines."""

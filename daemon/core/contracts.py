@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from tracefix.daemon.core.settings import ModelSettings, TrainingSettings
+from tracefix.daemon.core.states import TrainingVerdict
 
 
 class _Part(BaseModel):
@@ -99,7 +100,7 @@ class TrainingResult(BaseModel):
 
     run_id: int | None
     capability: str
-    verdict: Literal["candidate", "rejected_by_eval"]
+    verdict: TrainingVerdict
     evaluation: dict[str, Any]
     training: dict[str, Any]
     adapter: str | None = None
@@ -108,7 +109,7 @@ class TrainingResult(BaseModel):
 
     @model_validator(mode="after")
     def _candidate_has_adapter(self) -> TrainingResult:
-        if self.verdict == "candidate" and not self.adapter:
+        if self.verdict == TrainingVerdict.CANDIDATE and not self.adapter:
             raise ValueError("a candidate names its adapter's directory")
         return self
 

@@ -21,6 +21,7 @@ from tracefix.daemon.promotion.lifecycle import Promotion, served_name
 from tracefix.daemon.store.runs import RunStore
 from tracefix.daemon.promotion.router_client import RouterAdmin, RouterError
 from tracefix.daemon.core.settings import Settings
+from tracefix.daemon.core.states import AdapterState, GateStatus
 from tracefix.daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut, error_tail
 from tracefix.trainer.jobs import write_atomically
 
@@ -57,14 +58,14 @@ class GateRunner:
         if not self._pass_lock.acquire(blocking=False):
             return None
         try:
-            live = sorted(self.promotion.in_state("live"), key=served_name)
+            live = sorted(self.promotion.in_state(AdapterState.LIVE), key=served_name)
             names = [served_name(adapter) for adapter in live]
             state = self.state()
             if not names:
                 return None
             if state.get("adapters") != names:
                 state = self._train(live, names)
-            if state.get("status") in ("trained", "serving"):
+            if state.get("status") in (GateStatus.TRAINED, GateStatus.SERVING):
                 state = self._serve(state)
             return state
         finally:
@@ -102,10 +103,10 @@ class GateRunner:
         except TimedOut as error:
             returncode, state["error"] = -1, f"gate training {error}"
         if returncode != 0:
-            state |= {"status": "failed", "error": state.get("error") or f"gate training exited with {returncode}: {error_tail(errors)}"}
+            state |= {"status": GateStatus.FAILED, "error": state.get("error") or f"gate training exited with {returncode}: {error_tail(errors)}"}
             log.warning("gate for %s failed: %s", ", ".join(names), state["error"])
         else:
-            state |= {"status": "trained", "report": json.loads(output.with_suffix(".json").read_text())}
+            state |= {"status": GateStatus.TRAINED, "report": json.loads(output.with_suffix(".json").read_text())}
         write_atomically(self.state_path, state)
         return state
 
@@ -119,7 +120,7 @@ class GateRunner:
         except RouterError as error:  # down, or its live set is not there yet: the next pass retries
             state["router_error"] = str(error)
             return state
-        state = {**state, "status": "serving", "router_error": None, "serving_since": time.time()}
+        state = {**state, "status": GateStatus.SERVING, "router_error": None, "serving_since": time.time()}
         write_atomically(self.state_path, state)
         log.info("router routes with the gate for %s", ", ".join(state["adapters"]))
         return state

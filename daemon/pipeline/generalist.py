@@ -21,8 +21,9 @@ from typing import Any
 
 from tracefix.daemon.core import generalist
 from tracefix.daemon.core.settings import Settings
+from tracefix.daemon.core.states import AdapterState, CapabilityState
 from tracefix.daemon.store.runs import RunStore
-from tracefix.daemon.store.store import COOLDOWN, AnalysisStore
+from tracefix.daemon.store.store import AnalysisStore
 from tracefix.daemon.store.traces import TrajectoryStore
 
 log = logging.getLogger(__name__)
@@ -87,10 +88,10 @@ class GeneralistStage:
         capability = generalist.capability(agent)
         busy = self.runs.generalist_busy(capability)
         if busy is not None:
-            return busy, not busy.endswith(" is live")
+            return busy, not busy.endswith(f" is {AdapterState.LIVE}")
         state = self.analysis.states().get(capability) or {}
         until = state.get("cooldown_until")
-        if state.get("state") == COOLDOWN and until is not None:
+        if state.get("state") == CapabilityState.COOLDOWN and until is not None:
             until = until if until.tzinfo else until.replace(tzinfo=timezone.utc)
             if until > datetime.now(timezone.utc):
                 return f"cooling down until {until.isoformat(timespec='minutes')}: {state.get('reason')}", False

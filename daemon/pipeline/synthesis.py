@@ -15,7 +15,8 @@ from typing import Any
 from tracefix.daemon.analysis.capabilities import CapabilityRegistry
 from tracefix.daemon.core import tracks
 from tracefix.daemon.core.settings import CapabilitySettings
-from tracefix.daemon.store.store import ENVIRONMENT, AnalysisStore
+from tracefix.daemon.core.states import CapabilityState, EnvironmentStatus
+from tracefix.daemon.store.store import AnalysisStore
 from tracefix.trainer.checks import check
 from tracefix.trainer.environment import Environment, load_tools
 from tracefix.trainer.families import find_family, load_families
@@ -85,13 +86,13 @@ class Synthesizer:
                 created.append(self._store_failure(request, capability, service, definitions, str(error)))
                 continue
             report = check(environment, self.seeds)
-            status = "checked" if report.passed else "failed"
+            status = EnvironmentStatus.CHECKED if report.passed else EnvironmentStatus.FAILED
             environment_id = self.store.add_environment(
                 capability, environment.spec(), service, definitions, request["request_id"], status, report.to_dict()
             )
             state = self.store.states().get(capability)
             if state is not None and report.passed and not self.store.transition(
-                    capability, state["state"], ENVIRONMENT,
+                    capability, state["state"], CapabilityState.ENVIRONMENT,
                     f"environment {environment_id} ({environment.family.name} on {service}'s {len(definitions)} tools) checked "
                     f"on {self.seeds} seeds", state["consecutive"], state["last_pass_id"],
                 ):  # fmt: skip
@@ -105,5 +106,5 @@ class Synthesizer:
     ) -> int:
         spec = {"family": tracks.capability_of(capability), "version": "-", "difficulty": 0, "tools_hash": "-"}
         return self.store.add_environment(
-            capability, spec, service, definitions, request["request_id"], "failed", {"passed": False, "errors": [reason]}
+            capability, spec, service, definitions, request["request_id"], EnvironmentStatus.FAILED, {"passed": False, "errors": [reason]}
         )

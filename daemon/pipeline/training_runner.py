@@ -31,9 +31,10 @@ from tracefix.daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, 
 from tracefix.daemon.store.runs import RunStore
 from tracefix.daemon.core import tracks
 from tracefix.daemon.core.contracts import GeneralistRequest, TargetedRequest, training_result
+from tracefix.daemon.core.states import AdapterState, CapabilityState, EnvironmentStatus, RunStatus, TrainingVerdict
 from tracefix.daemon.pipeline import replay_judge
 from tracefix.trainer.environment import load_tools
-from tracefix.daemon.store.store import CANDIDATE, ENVIRONMENT, HEALTHY, TRAINING, AnalysisStore
+from tracefix.daemon.store.store import AnalysisStore
 
 log = logging.getLogger(__name__)
 
@@ -120,13 +121,13 @@ class TrainingRunner:
         """The live generalist a targeted adapter of `service`'s environment starts from: the agent's,
         or for a pooled environment the only one live (None when there are several: which agent's
         would be a guess)."""
-        live = self._generalists(service, ("live",))
+        live = self._generalists(service, (AdapterState.LIVE,))
         return live[0] if len(live) == 1 else None
 
     def _config(self, environment: dict[str, Any]) -> dict[str, Any]:
         """The run's [training]: the daemon's, with the hint share validation found."""
         config = train_config(self.settings)
-        if environment["status"] == "validated":
+        if environment["status"] == EnvironmentStatus.VALIDATED:
             config["hint_share"] = (environment.get("validation") or {}).get("hint_share", 0.0)
         return config
 
@@ -139,7 +140,7 @@ class TrainingRunner:
 
     def _request(self, run: dict[str, Any], environment: dict[str, Any]) -> dict[str, Any]:
         validation = environment.get("validation") or {}
-        validated = environment["status"] == "validated"
+        validated = environment["status"] == EnvironmentStatus.VALIDATED
         return TargetedRequest(
             starts_from=self._starts_from(run["starts_from"]) if run.get("starts_from") is not None else None,
             run_id=run["run_id"], capability=run["capability"], version=run["version"], family=environment["family"],
@@ -167,7 +168,7 @@ class TrainingRunner:
     def _execute(self, run: dict[str, Any]) -> int | None:
         run_id = run["run_id"]
         if run.get("kind") == "generalist":
-            if not self.runs.set_run_status(run_id, "queued", "running"):
+            if not self.runs.set_run_status(run_id, RunStatus.QUEUED, RunStatus.RUNNING):
                 return None
             try:
                 return self._train(run, self._generalist_request(run))
@@ -176,9 +177,9 @@ class TrainingRunner:
                 return self._fail(run, f"{type(error).__name__}: {error}")
         environment = self.runs.environment(run["environment_id"])
         if environment is None:
-            self.runs.set_run_status(run_id, "queued", "failed", error=f"environment {run['environment_id']} is gone")
+            self.runs.set_run_status(run_id, RunStatus.QUEUED, RunStatus.FAILED, error=f"environment {run['environment_id']} is gone")
             return run_id
-        if not self.runs.set_run_status(run_id, "queued", "running"):
+        if not self.runs.set_run_status(run_id, RunStatus.QUEUED, RunStatus.RUNNING):
             return None
         try:
             return self._train(run, self._request(run, environment))
@@ -188,7 +189,7 @@ class TrainingRunner:
 
     def _train(self, run: dict[str, Any], body: dict[str, Any]) -> int | None:
         run_id = run["run_id"]
-        self._move(run["capability"], TRAINING, f"training run {run_id} (adapter v{run['version']}) started")
+        self._move(run["capability"], CapabilityState.TRAINING, f"training run {run_id} (adapter v{run['version']}) started")
         directory = Path(run["directory"])
         directory.mkdir(parents=True, exist_ok=True)
         request = directory / "request.json"
@@ -201,7 +202,7 @@ class TrainingRunner:
                 directory / "stderr.log", self.settings.training.timeout_s,
             )  # fmt: skip
         except Stopped:
-            self.runs.set_run_status(run_id, "running", "queued")
+            self.runs.set_run_status(run_id, RunStatus.RUNNING, RunStatus.QUEUED)
             return None
         except TimedOut as error:
             return self._fail(run, f"training {error}")
@@ -217,23 +218,23 @@ class TrainingRunner:
         result["evaluation"] = evaluation = replay_judge.judged(
             parsed.evaluation, tracks.capability_of(run["capability"]), tools, self.settings.capabilities
         )
-        if parsed.verdict == "candidate":
+        if parsed.verdict == TrainingVerdict.CANDIDATE:
             manifest = Path(str(parsed.adapter)) / "manifest.json"
             digest = hashlib.sha256(manifest.read_bytes()).hexdigest()
             adapter_id = self.runs.add_candidate(run, str(parsed.adapter), digest, result)
             if adapter_id is None:
                 return None  # the run was taken back (stopped) while its result was being read
-            self._move(run["capability"], CANDIDATE, f"adapter {adapter_id} (v{run['version']}) is a candidate: {_gain(evaluation)}")
+            self._move(run["capability"], CapabilityState.CANDIDATE, f"adapter {adapter_id} (v{run['version']}) is a candidate: {_gain(evaluation)}")
         else:
-            self.runs.set_run_status(run_id, "running", "rejected_by_eval", result)
+            self.runs.set_run_status(run_id, RunStatus.RUNNING, RunStatus.REJECTED_BY_EVAL, result)
             reason = f"run {run_id} rejected by evaluation: {'; '.join(evaluation.get('reasons') or ['no reason given'])}"
             self.store.start_cooldown(run["capability"], reason, self.settings.trigger.cooldown_hours)
         log.info("training run %d: %s (%s)", run_id, parsed.verdict, _gain(evaluation))
         return run_id
 
     def _fail(self, run: dict[str, Any], error: str) -> int:
-        self.runs.set_run_status(run["run_id"], "running", "failed", error=error)
-        back = ENVIRONMENT if run.get("kind") != "generalist" else HEALTHY
+        self.runs.set_run_status(run["run_id"], RunStatus.RUNNING, RunStatus.FAILED, error=error)
+        back = CapabilityState.ENVIRONMENT if run.get("kind") != "generalist" else CapabilityState.HEALTHY
         self._move(run["capability"], back, f"training run {run['run_id']} failed: {error.splitlines()[-1]}")
         log.warning("training run %d failed: %s", run["run_id"], error)
         return run["run_id"]
@@ -242,7 +243,7 @@ class TrainingRunner:
         """A capability's state follows its run (a generalist's row is made by its first run)."""
         state = self.store.states().get(capability)
         if state is None and generalist.is_generalist(capability):
-            state = {"state": HEALTHY, "consecutive": 0, "last_pass_id": 0}
+            state = {"state": CapabilityState.HEALTHY, "consecutive": 0, "last_pass_id": 0}
         if state is not None:
             self.store.transition(capability, state["state"], to_state, reason, state["consecutive"], state["last_pass_id"])
 

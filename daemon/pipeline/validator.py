@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tracefix.daemon.core.settings import Settings
+from tracefix.daemon.core.states import EnvironmentStatus
 from tracefix.daemon.store.store import AnalysisStore
 from tracefix.daemon.pipeline.model_subprocess import ModelSubprocess, Stopped, TimedOut, error_tail
 
@@ -52,19 +53,19 @@ class Validator:
         if environment is None:
             return None
         environment_id = environment["environment_id"]
-        if not self.store.set_environment_status(environment_id, "checked", "validating"):
+        if not self.store.set_environment_status(environment_id, EnvironmentStatus.CHECKED, EnvironmentStatus.VALIDATING):
             return None
         log.info("validating environment %d (%s) with %s", environment_id, environment["family"], self.settings.model.name)
         try:
             outcome = self._run(environment)
         except BaseException:
-            self.store.set_environment_status(environment_id, "validating", "checked")
+            self.store.set_environment_status(environment_id, EnvironmentStatus.VALIDATING, EnvironmentStatus.CHECKED)
             raise
         if outcome is None:  # stopped: validated again after a restart
-            self.store.set_environment_status(environment_id, "validating", "checked")
+            self.store.set_environment_status(environment_id, EnvironmentStatus.VALIDATING, EnvironmentStatus.CHECKED)
             return None
         status, report = outcome
-        self.store.set_environment_status(environment_id, "validating", status, report)
+        self.store.set_environment_status(environment_id, EnvironmentStatus.VALIDATING, status, report)
         log.info("environment %d %s: %s", environment_id, status, _summary(report))
         return environment_id
 
@@ -99,11 +100,11 @@ class Validator:
         except Stopped:
             return None
         except TimedOut as error:
-            return "failed", {"passed": False, "error": f"validation {error}"}
+            return EnvironmentStatus.FAILED, {"passed": False, "error": f"validation {error}"}
         if returncode != 0:
-            return "failed", {"passed": False, "error": f"validation exited with {returncode}: {error_tail(errors)}"}
+            return EnvironmentStatus.FAILED, {"passed": False, "error": f"validation exited with {returncode}: {error_tail(errors)}"}
         result = json.loads(report.read_text())
-        return ("validated" if result["passed"] else "rejected"), result
+        return (EnvironmentStatus.VALIDATED if result["passed"] else EnvironmentStatus.REJECTED), result
 
 
 def _summary(report: dict[str, Any]) -> str:

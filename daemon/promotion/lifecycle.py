@@ -33,22 +33,12 @@ from tracefix.daemon.promotion.canary import Rate, Verdict, capability_failure_r
 from tracefix.daemon.store.runs import RunStore
 from tracefix.daemon.promotion.router_client import RouterError
 from tracefix.daemon.core.settings import Settings
+from tracefix.daemon.core.states import ADAPTER_TRANSITIONS, NEEDS_REASON, SERVING_STATES, AdapterState, ServingRole
 from tracefix.daemon.store.store import AnalysisStore, Store
 
 log = logging.getLogger(__name__)
 
 AUTOMATIC = "promotion"  # the audit log's actor for decisions the daemon takes itself
-STATES = ("candidate", "approved", "canary", "live", "retired", "rejected", "rolled_back")
-TRANSITIONS: dict[str, frozenset[str]] = {
-    "candidate": frozenset({"approved", "rejected"}),
-    "approved": frozenset({"canary", "live", "rejected"}),
-    "canary": frozenset({"live", "rolled_back"}),
-    "live": frozenset({"retired", "rolled_back"}),
-    "retired": frozenset({"live"}),  # restored when the version that replaced it is rolled back
-    "rejected": frozenset(),
-    "rolled_back": frozenset(),
-}
-NEEDS_REASON = frozenset({"rejected", "rolled_back"})
 
 
 class IllegalTransition(ValueError):
@@ -126,13 +116,13 @@ class Promotion:
     def routing(self, adapter: dict[str, Any]) -> dict[str, Any] | None:
         """For a canary or live adapter: its routed failure rate, what it is compared with, and the
         verdict so far (what the dashboard shows next to it)."""
-        if adapter["state"] not in ("canary", "live") or adapter.get("routed_since_ns") is None:
+        if adapter["state"] not in SERVING_STATES or adapter.get("routed_since_ns") is None:
             return None
         z_rate = z_of(self.settings.promotion.confidence)
         name = served_name(adapter)
         arms = routed_outcomes(self.store, adapter["capability"], adapter["routed_since_ns"])
         own = arms.get(name, Rate(0, 0))
-        if adapter["state"] == "canary":
+        if adapter["state"] == AdapterState.CANARY:
             reference, against = self._canary_reference(adapter, arms)
             needed = self.settings.promotion.canary_min_trajectories
         else:
@@ -155,8 +145,8 @@ class Promotion:
             raise ValueError(f"a reason is required to move an adapter to {to_state}")
 
         def legal(from_state: str) -> None:
-            if to_state not in TRANSITIONS.get(from_state, frozenset()):
-                allowed = ", ".join(sorted(TRANSITIONS.get(from_state, frozenset()))) or "none (final state)"
+            if to_state not in ADAPTER_TRANSITIONS.get(from_state, frozenset()):
+                allowed = ", ".join(sorted(ADAPTER_TRANSITIONS.get(from_state, frozenset()))) or "none (final state)"
                 raise IllegalTransition(f"adapter {adapter_id} is {from_state}; it cannot become {to_state} (legal: {allowed})")
 
         moved = self.runs.transition(adapter_id, to_state, reason, actor, action or to_state, legal, columns)
@@ -168,12 +158,12 @@ class Promotion:
 
     def approve(self, adapter_id: int, actor: str, reason: str = "") -> Decision:
         with self.turn:
-            return self.move(adapter_id, "approved", actor, reason or "approved", "approve")
+            return self.move(adapter_id, AdapterState.APPROVED, actor, reason or "approved", "approve")
 
     def reject(self, adapter_id: int, actor: str, reason: str) -> Decision:
         """A person turns the candidate down: the capability cools down, then may trigger again."""
         with self.turn:
-            decision = self.move(adapter_id, "rejected", actor, reason, "reject")
+            decision = self.move(adapter_id, AdapterState.REJECTED, actor, reason, "reject")
             adapter = self.adapter(adapter_id)
             cool = f"{served_name(adapter)} rejected by {actor}: {reason}"
             AnalysisStore(self.store).start_cooldown(adapter["capability"], cool, self.settings.trigger.cooldown_hours)
@@ -204,7 +194,7 @@ class Promotion:
         capability's traffic), then judge canaries and watch live adapters."""
         decisions = []
         settings = self.settings.promotion
-        for adapter in self.in_state("approved"):
+        for adapter in self.in_state(AdapterState.APPROVED):
             name = served_name(adapter)
             fraction = settings.canary_fraction if settings.canary else None
             if not self._router_call(adapter, f"router did not load {name}", router.load, *self._loading(adapter, fraction)):
@@ -214,11 +204,11 @@ class Promotion:
             else:
                 control = self._control_name(adapter)
                 reason = f"canary: {fraction:.0%} of {adapter['capability']} traffic, the rest on {control}"
-                decisions.append(self.move(adapter["adapter_id"], "canary", AUTOMATIC, reason, "canary", routed_since_ns=time.time_ns()))
-        for adapter in self.in_state("canary"):
+                decisions.append(self.move(adapter["adapter_id"], AdapterState.CANARY, AUTOMATIC, reason, "canary", routed_since_ns=time.time_ns()))
+        for adapter in self.in_state(AdapterState.CANARY):
             decisions += self._judge_canary(adapter, router)
         if settings.watch:
-            for adapter in self.in_state("live"):
+            for adapter in self.in_state(AdapterState.LIVE):
                 decisions += self._watch(adapter, router)
         return decisions
 
@@ -233,7 +223,7 @@ class Promotion:
         if verdict.worse:
             if not self._router_call(adapter, f"router did not unload {name}", router.unload, name):
                 return []
-            return self._rolled_back(adapter, "canary", verdict)
+            return self._rolled_back(adapter, AdapterState.CANARY, verdict)
         if not self._router_call(adapter, f"router did not promote {name}", router.promote, name):
             return []
         return self._go_live(adapter, reference, verdict.reason)
@@ -255,7 +245,7 @@ class Promotion:
         except Exception as error:  # the router is down: stays live, retried next pass
             self.record_error(adapter["adapter_id"], f"automatic rollback of {name} failed: {error}")
             return []
-        self._after_rollback(adapter, "live", verdict)
+        self._after_rollback(adapter, AdapterState.LIVE, verdict)
         return decisions
 
     def _go_live(self, adapter: dict[str, Any], baseline: Rate, reason: str) -> list[Decision]:
@@ -265,10 +255,10 @@ class Promotion:
         decisions = []
         previous = self._live_of(adapter["capability"], adapter["adapter_id"])
         if previous is not None:
-            decisions.append(self.move(previous["adapter_id"], "retired", AUTOMATIC, f"replaced by {name}", "retire"))
+            decisions.append(self.move(previous["adapter_id"], AdapterState.RETIRED, AUTOMATIC, f"replaced by {name}", "retire"))
         decisions.append(
             self.move(
-                adapter["adapter_id"], "live", AUTOMATIC, reason, "go_live",
+                adapter["adapter_id"], AdapterState.LIVE, AUTOMATIC, reason, "go_live",
                 routed_since_ns=time.time_ns(), baseline=orjson.dumps({"failures": baseline.failures, "total": baseline.total}).decode(),
             )  # fmt: skip
         )
@@ -276,7 +266,7 @@ class Promotion:
         return decisions
 
     def _rolled_back(self, adapter: dict[str, Any], stage: str, verdict: Verdict) -> list[Decision]:
-        decision = self.move(adapter["adapter_id"], "rolled_back", AUTOMATIC, verdict.reason, "rollback")
+        decision = self.move(adapter["adapter_id"], AdapterState.ROLLED_BACK, AUTOMATIC, verdict.reason, "rollback")
         self._after_rollback(adapter, stage, verdict)
         return [decision]
 
@@ -339,25 +329,25 @@ class Promotion:
         and the capability cools down (`watched`: the watch that called it records its own why)."""
         with self.turn:
             adapter = self.adapter(adapter_id)
-            if adapter["state"] not in ("live", "canary"):
+            if adapter["state"] not in SERVING_STATES:
                 raise IllegalTransition(f"adapter {adapter_id} is {adapter['state']}; only a canary or live adapter can be rolled back")
             if not reason.strip():
                 raise ValueError("a reason is required to roll back an adapter")
             if not watched:
                 cool = f"{served_name(adapter)} rolled back by {actor}: {reason}"
                 AnalysisStore(self.store).start_cooldown(adapter["capability"], cool, self.settings.trigger.cooldown_hours)
-            if adapter["state"] == "canary":  # the previous version never stopped serving
+            if adapter["state"] == AdapterState.CANARY:  # the previous version never stopped serving
                 router.unload(served_name(adapter))
-                return [self.move(adapter_id, "rolled_back", actor, reason, "rollback")]
+                return [self.move(adapter_id, AdapterState.ROLLED_BACK, actor, reason, "rollback")]
             restored = self.runs.retired_before(adapter["capability"], adapter["version"])
             previous = [restored] if restored else []
             if previous:
                 router.load(*self._loading(previous[0]))
             router.unload(served_name(adapter))
-            decisions = [self.move(adapter_id, "rolled_back", actor, reason, "rollback")]
+            decisions = [self.move(adapter_id, AdapterState.ROLLED_BACK, actor, reason, "rollback")]
             if previous:
                 decisions.append(
-                    self.move(previous[0]["adapter_id"], "live", actor, f"restored: {served_name(adapter)} rolled back", "restore",
+                    self.move(previous[0]["adapter_id"], AdapterState.LIVE, actor, f"restored: {served_name(adapter)} rolled back", "restore",
                               routed_since_ns=time.time_ns())  # fmt: skip
                 )
             return decisions
@@ -375,12 +365,12 @@ class Promotion:
         """Bring the router to exactly the registry's live and canary set (after either restarts):
         live versions first, so a canary's control is in place before it takes its share."""
         settings = self.settings.promotion
-        wanted = {served_name(adapter): (adapter, None) for adapter in self.in_state("live")}
-        wanted |= {served_name(adapter): (adapter, settings.canary_fraction) for adapter in self.in_state("canary")}
+        wanted = {served_name(adapter): (adapter, None) for adapter in self.in_state(AdapterState.LIVE)}
+        wanted |= {served_name(adapter): (adapter, settings.canary_fraction) for adapter in self.in_state(AdapterState.CANARY)}
         serving = router.serving()
         loaded, unloaded = [], []
         for name, (adapter, fraction) in wanted.items():
-            role = "canary" if fraction is not None else "live"
+            role = ServingRole.CANARY if fraction is not None else ServingRole.LIVE
             if serving.get(name) == role:
                 continue
             if name in serving:  # loaded in the wrong role: a canary the router took for the version

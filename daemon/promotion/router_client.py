@@ -10,6 +10,7 @@ import httpx
 
 from tracefix.daemon.core.auth import ROUTER_TOKEN_FILE, stored_token
 from tracefix.daemon.core.settings import Settings
+from tracefix.daemon.core.states import ServingRole
 
 
 
@@ -104,4 +105,4 @@ class RouterAdmin:
 
     def serving(self) -> dict[str, str]:
         """The adapter versions that take requests, each with its role: 'live' or 'canary'."""
-        return {item["name"]: item["role"] for item in self.routing()["adapters"] if item["role"] != "retiring"}
+        return {item["name"]: item["role"] for item in self.routing()["adapters"] if item["role"] != ServingRole.RETIRING}

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from tracefix.daemon.core import tracks
+from tracefix.daemon.core.states import EnvironmentStatus, RequestStatus
 from tracefix.daemon.store.sql import Tables
 
 
@@ -16,9 +17,9 @@ class EnvironmentStore(Tables):
 
     def open_training_request(self, capability: str) -> dict[str, Any] | None:
         rows = self.store.query(
-            "SELECT * FROM training_requests WHERE capability = ? AND status IN ('open', 'taken') "
+            "SELECT * FROM training_requests WHERE capability = ? AND status IN (?, ?) "
             "ORDER BY request_id DESC LIMIT 1",
-            [capability],
+            [capability, RequestStatus.OPEN, RequestStatus.TAKEN],
         )
         return rows[0] if rows else None
 
@@ -28,8 +29,8 @@ class EnvironmentStore(Tables):
         with self.store.transaction() as tx:
             request_id = tx.execute(
                 "INSERT INTO training_requests (capability, created_at, source, status, reason, requested_by, stats) "
-                "VALUES (?, now(), ?, 'open', ?, ?, ?) RETURNING request_id",
-                [capability, source, reason, requested_by, stats],
+                "VALUES (?, now(), ?, ?, ?, ?, ?) RETURNING request_id",
+                [capability, source, RequestStatus.OPEN, reason, requested_by, stats],
             ).fetchall()[0][0]
         return self.store.query("SELECT * FROM training_requests WHERE request_id = ?", [request_id])[0]
 
@@ -71,8 +72,9 @@ class EnvironmentStore(Tables):
 
     def requests_without_environment(self) -> list[dict[str, Any]]:
         return self.store.query(
-            "SELECT r.* FROM training_requests r WHERE r.status = 'open' AND NOT EXISTS "
-            "(SELECT 1 FROM environments e WHERE e.request_id = r.request_id) ORDER BY r.request_id"
+            "SELECT r.* FROM training_requests r WHERE r.status = ? AND NOT EXISTS "
+            "(SELECT 1 FROM environments e WHERE e.request_id = r.request_id) ORDER BY r.request_id",
+            [RequestStatus.OPEN],
         )
 
     def add_environment(
@@ -110,7 +112,7 @@ class EnvironmentStore(Tables):
 
     def environment_to_validate(self) -> dict[str, Any] | None:
         """The oldest environment that passed its checks and waits for the validation gate."""
-        rows = self.store.query("SELECT * FROM environments WHERE status = 'checked' ORDER BY environment_id LIMIT 1")
+        rows = self.store.query("SELECT * FROM environments WHERE status = ? ORDER BY environment_id LIMIT 1", [EnvironmentStatus.CHECKED])
         if not rows:
             return None
         rows[0]["tools"] = orjson.loads(rows[0]["tools"])
@@ -136,7 +138,8 @@ class EnvironmentStore(Tables):
         """Environments a stopped or killed daemon left `validating` wait for the gate again."""
         with self.store.transaction() as tx:
             return len(tx.execute(
-                "UPDATE environments SET status = 'checked' WHERE status = 'validating' RETURNING environment_id"
+                "UPDATE environments SET status = ? WHERE status = ? RETURNING environment_id",
+                [EnvironmentStatus.CHECKED, EnvironmentStatus.VALIDATING],
             ).fetchall())  # fmt: skip
 
     def tool_definitions(self, service: str | None = None) -> list[dict[str, Any]]:

@@ -13,17 +13,8 @@ import pyarrow as pa
 
 from tracefix.daemon.core import tracks
 from tracefix.daemon.core.semconv import EVALUATION_EVENT
+from tracefix.daemon.core.states import CapabilityState
 from tracefix.daemon.store.sql import Tables, dicts, insert_rows
-
-# The states of a capability's track, as capability_states stores them, in the order a gap moves
-# through them: the trigger's (healthy, watching, gap_detected, cooldown), then the pipeline's, which
-# follow its environment, its training run and its adapter. (A training run's statuses and an
-# adapter's states are machines of their own: daemon/store/runs.py, daemon/promotion/lifecycle.py.)
-HEALTHY, WATCHING, GAP_DETECTED, COOLDOWN = "healthy", "watching", "gap_detected", "cooldown"
-ENVIRONMENT, TRAINING, EVALUATING, CANDIDATE, LIVE = "environment", "training", "evaluating", "candidate", "live"
-CAPABILITY_STATES = (HEALTHY, WATCHING, GAP_DETECTED, ENVIRONMENT, TRAINING, EVALUATING, CANDIDATE, LIVE, COOLDOWN)
-# The states later stages own: the trigger leaves a track in them alone.
-PIPELINE_STATES = frozenset({GAP_DETECTED, ENVIRONMENT, TRAINING, EVALUATING, CANDIDATE, LIVE})
 
 # Capability state moves come from several daemon jobs (trigger, synthesis, validation, training,
 # promotion); they are serialised in process, since the daemon is DuckDB's only writer.
@@ -529,8 +520,8 @@ class LabelStore(Tables):
     def start_cooldown(self, capability: str, reason: str, hours: float, now: datetime | None = None) -> None:
         """Rest a capability after a promotion, a rejection or a rollback: no new trigger for `hours`."""
         now = now or datetime.now(timezone.utc)
-        state = self.states().get(capability, {"state": HEALTHY, "last_pass_id": 0})
-        self.transition(capability, state["state"], COOLDOWN, reason, 0, state["last_pass_id"], None, now + timedelta(hours=hours))
+        state = self.states().get(capability, {"state": CapabilityState.HEALTHY, "last_pass_id": 0})
+        self.transition(capability, state["state"], CapabilityState.COOLDOWN, reason, 0, state["last_pass_id"], None, now + timedelta(hours=hours))
 
     def transitions(self, capability: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
         return self.store.query(

@@ -15,10 +15,10 @@ import orjson
 
 from tracefix.daemon.core import tracks
 from tracefix.daemon.core.generalist import PREFIX as GENERALIST_PREFIX
+from tracefix.daemon.core.states import RUN_FINISHED, AdapterState, EnvironmentStatus, RequestStatus, RunStatus
 from tracefix.daemon.store.environments import EnvironmentStore
 from tracefix.daemon.store.sql import Tables
 
-RUN_STATES = ("queued", "running", "candidate", "rejected_by_eval", "failed")
 _JSON_COLUMNS = ("config", "result", "evaluation", "tools", "validation", "checks", "baseline")
 
 
@@ -50,13 +50,14 @@ class RunStore(Tables):
             self.store.query(
                 "SELECT e.* FROM environments e WHERE NOT EXISTS "
                 "(SELECT 1 FROM training_runs r WHERE r.environment_id = e.environment_id) "
-                "AND (e.status = 'validated' OR (e.status = 'checked' AND NOT ?) OR (e.status = 'rejected' AND ?)) "
+                "AND (e.status = ? OR (e.status = ? AND NOT ?) OR (e.status = ? AND ?)) "
                 "ORDER BY list_contains(?::VARCHAR[], split_part(e.capability, '.', 1)) DESC, e.environment_id",
-                [validation_enabled, warm_start, list(FIRST)],
+                [EnvironmentStatus.VALIDATED, EnvironmentStatus.CHECKED, validation_enabled, EnvironmentStatus.REJECTED, warm_start,
+                 list(FIRST)],  # fmt: skip
             )
         )
         for row in rows:
-            if (row["status"] != "rejected" or _too_weak(row.get("validation"))) and not waiting(row):
+            if (row["status"] != EnvironmentStatus.REJECTED or _too_weak(row.get("validation"))) and not waiting(row):
                 return row
         return None
 
@@ -80,13 +81,13 @@ class RunStore(Tables):
             ).fetchall()[0][0]
             run_id = tx.execute(
                 "INSERT INTO training_runs (capability, environment_id, request_id, version, status, directory, config, created_at, starts_from) "
-                "VALUES (?, ?, ?, ?, 'queued', '', ?, now(), ?) RETURNING run_id",
-                [environment["capability"], environment["environment_id"], environment["request_id"], version, orjson.dumps(config).decode(),
-                 starts_from],  # fmt: skip
+                "VALUES (?, ?, ?, ?, ?, '', ?, now(), ?) RETURNING run_id",
+                [environment["capability"], environment["environment_id"], environment["request_id"], version, RunStatus.QUEUED,
+                 orjson.dumps(config).decode(), starts_from],  # fmt: skip
             ).fetchall()[0][0]
             tx.execute("UPDATE training_runs SET directory = ? WHERE run_id = ?", [f"{directory_root}/run-{run_id}", run_id])
             if environment["request_id"] is not None:
-                tx.execute("UPDATE training_requests SET status = 'taken' WHERE request_id = ?", [environment["request_id"]])
+                tx.execute("UPDATE training_requests SET status = ? WHERE request_id = ?", [RequestStatus.TAKEN, environment["request_id"]])
         return self.run(run_id)  # type: ignore[return-value]
 
     def create_generalist_run(
@@ -98,8 +99,8 @@ class RunStore(Tables):
             version = tx.execute("SELECT coalesce(max(version), 0) + 1 FROM training_runs WHERE capability = ?", [capability]).fetchall()[0][0]
             run_id = tx.execute(
                 "INSERT INTO training_runs (capability, environment_id, request_id, version, status, directory, config, created_at, kind, agent) "
-                "VALUES (?, NULL, NULL, ?, 'queued', '', ?, now(), 'generalist', ?) RETURNING run_id",
-                [capability, version, orjson.dumps(config).decode(), agent],
+                "VALUES (?, NULL, NULL, ?, ?, '', ?, now(), 'generalist', ?) RETURNING run_id",
+                [capability, version, RunStatus.QUEUED, orjson.dumps(config).decode(), agent],
             ).fetchall()[0][0]
             tx.execute("UPDATE training_runs SET directory = ? WHERE run_id = ?", [f"{directory_root}/run-{run_id}", run_id])
             parts = [[run_id, trajectory_id, "train"] for trajectory_id in train] + [[run_id, trajectory_id, "held_out"] for trajectory_id in held_out]
@@ -118,10 +119,11 @@ class RunStore(Tables):
         """Why no new generalist run starts for `capability` now (a run queued or running, or a version
         waiting for approval, in canary or live), or None."""
         rows = self.store.query(
-            "SELECT 'run ' || run_id || ' is ' || status AS why FROM training_runs WHERE capability = ? AND status IN ('queued', 'running') "
-            "UNION ALL SELECT 'v' || version || ' is ' || state FROM adapters WHERE capability = ? AND state IN ('candidate', 'approved', 'canary', 'live') "
+            "SELECT 'run ' || run_id || ' is ' || status AS why FROM training_runs WHERE capability = ? AND status IN (?, ?) "
+            "UNION ALL SELECT 'v' || version || ' is ' || state FROM adapters WHERE capability = ? AND state IN (?, ?, ?, ?) "
             "LIMIT 1",
-            [capability, capability],
+            [capability, RunStatus.QUEUED, RunStatus.RUNNING,
+             capability, AdapterState.CANDIDATE, AdapterState.APPROVED, AdapterState.CANARY, AdapterState.LIVE],  # fmt: skip
         )
         return rows[0]["why"] if rows else None
 
@@ -166,30 +168,33 @@ class RunStore(Tables):
         return [row["trajectory_id"] for row in rows]
 
     def next_queued(self) -> dict[str, Any] | None:
-        rows = _decoded(self.store.query("SELECT * FROM training_runs WHERE status = 'queued' ORDER BY run_id LIMIT 1"))
+        rows = _decoded(self.store.query("SELECT * FROM training_runs WHERE status = ? ORDER BY run_id LIMIT 1", [RunStatus.QUEUED]))
         return rows[0] if rows else None
 
     def requeue_running(self) -> int:
         """Runs a stopped or killed daemon left running go back to the queue (they resume)."""
         with self.store.transaction() as tx:
-            return len(tx.execute("UPDATE training_runs SET status = 'queued' WHERE status = 'running' RETURNING run_id").fetchall())
+            return len(tx.execute(
+                "UPDATE training_runs SET status = ? WHERE status = ? RETURNING run_id", [RunStatus.QUEUED, RunStatus.RUNNING]
+            ).fetchall())  # fmt: skip
 
     # -- run state -----------------------------------------------------------------------------
 
     def set_run_status(self, run_id: int, from_status: str, status: str, result: dict[str, Any] | None = None, error: str | None = None) -> bool:
         """Compare-and-set: False when the run is no longer in `from_status`."""
-        if status not in RUN_STATES:
+        if status not in frozenset(RunStatus):
             raise ValueError(f"unknown run state {status!r}")
-        finished = status in ("candidate", "rejected_by_eval", "failed")
+        finished = status in RUN_FINISHED
         with self.store.transaction() as tx:
             changed = tx.execute(
                 "UPDATE training_runs SET status = ?, result = coalesce(?, result), error = ?, "
-                "started_at = CASE WHEN ? = 'running' THEN coalesce(started_at, now()) ELSE started_at END, "
+                "started_at = CASE WHEN ? THEN coalesce(started_at, now()) ELSE started_at END, "
                 "finished_at = CASE WHEN ? THEN now() ELSE NULL END WHERE run_id = ? AND status = ? RETURNING request_id",
-                [status, None if result is None else orjson.dumps(result).decode(), error, status, finished, run_id, from_status],
+                [status, None if result is None else orjson.dumps(result).decode(), error, status == RunStatus.RUNNING, finished, run_id,
+                 from_status],  # fmt: skip
             ).fetchall()
             if changed and finished and changed[0][0] is not None:
-                tx.execute("UPDATE training_requests SET status = 'done' WHERE request_id = ?", [changed[0][0]])
+                tx.execute("UPDATE training_requests SET status = ? WHERE request_id = ?", [RequestStatus.DONE, changed[0][0]])
         return bool(changed)
 
     def add_candidate(self, run: dict[str, Any], path: str, manifest_sha256: str, result: dict[str, Any]) -> int | None:
@@ -198,18 +203,18 @@ class RunStore(Tables):
         None when the run is no longer running."""
         with self.store.transaction() as tx:
             changed = tx.execute(
-                "UPDATE training_runs SET status = 'candidate', result = ?, error = NULL, finished_at = now() "
-                "WHERE run_id = ? AND status = 'running' RETURNING request_id",
-                [orjson.dumps(result).decode(), run["run_id"]],
+                "UPDATE training_runs SET status = ?, result = ?, error = NULL, finished_at = now() "
+                "WHERE run_id = ? AND status = ? RETURNING request_id",
+                [RunStatus.CANDIDATE, orjson.dumps(result).decode(), run["run_id"], RunStatus.RUNNING],
             ).fetchall()
             if not changed:
                 return None
             if changed[0][0] is not None:
-                tx.execute("UPDATE training_requests SET status = 'done' WHERE request_id = ?", [changed[0][0]])
+                tx.execute("UPDATE training_requests SET status = ? WHERE request_id = ?", [RequestStatus.DONE, changed[0][0]])
             return tx.execute(
                 "INSERT INTO adapters (capability, version, run_id, environment_id, path, manifest_sha256, state, evaluation, created_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, 'candidate', ?, now()) RETURNING adapter_id",
-                [run["capability"], run["version"], run["run_id"], run["environment_id"], path, manifest_sha256,
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, now()) RETURNING adapter_id",
+                [run["capability"], run["version"], run["run_id"], run["environment_id"], path, manifest_sha256, AdapterState.CANDIDATE,
                  orjson.dumps(result["evaluation"]).decode()],
             ).fetchall()[0][0]  # fmt: skip
 
@@ -282,22 +287,23 @@ class RunStore(Tables):
     def live_adapter(self, capability: str, other_than: int) -> dict[str, Any] | None:
         """The capability's newest live version other than `other_than`."""
         rows = self.store.query(
-            "SELECT * FROM adapters WHERE capability = ? AND state = 'live' AND adapter_id <> ? ORDER BY version DESC LIMIT 1",
-            [capability, other_than],
+            "SELECT * FROM adapters WHERE capability = ? AND state = ? AND adapter_id <> ? ORDER BY version DESC LIMIT 1",
+            [capability, AdapterState.LIVE, other_than],
         )
         return rows[0] if rows else None
 
     def retired_before(self, capability: str, version: int) -> dict[str, Any] | None:
         """The newest retired version of the capability older than `version` (what a rollback restores)."""
         rows = self.store.query(
-            "SELECT * FROM adapters WHERE capability = ? AND state = 'retired' AND version < ? ORDER BY version DESC LIMIT 1",
-            [capability, version],
+            "SELECT * FROM adapters WHERE capability = ? AND state = ? AND version < ? ORDER BY version DESC LIMIT 1",
+            [capability, AdapterState.RETIRED, version],
         )
         return rows[0] if rows else None
 
     def has_served(self) -> bool:
         """Whether any version was ever handed to the router."""
-        return bool(self.store.query("SELECT 1 FROM adapters WHERE state IN ('canary', 'live', 'retired', 'rolled_back') LIMIT 1"))
+        served = [AdapterState.CANARY, AdapterState.LIVE, AdapterState.RETIRED, AdapterState.ROLLED_BACK]
+        return bool(self.store.query("SELECT 1 FROM adapters WHERE state IN (?, ?, ?, ?) LIMIT 1", served))
 
     def transition(
         self, adapter_id: int, to_state: str, reason: str, actor: str, action: str,

@@ -18,21 +18,14 @@ import duckdb
 
 from tracefix.daemon.core.settings import StoreSettings
 from tracefix.daemon.store.environments import EnvironmentStore
-from tracefix.daemon.store.labels import (  # noqa: F401  (the states, re-exported with the store)
-    CANDIDATE, CAPABILITY_STATES, COOLDOWN, ENVIRONMENT, EVALUATING, GAP_DETECTED, HEALTHY, LIVE, PIPELINE_STATES, TRAINING,
-    WATCHING, LabelStore,
-)
+from tracefix.daemon.store.labels import LabelStore
 from tracefix.daemon.store.migrations import MIGRATIONS, Migration
 from tracefix.daemon.store.sql import dicts
 from tracefix.daemon.store.traces import LOG_SCHEMA, SPAN_SCHEMA, AppendResult, DerivedRows, SpanTables, TrajectoryStore
 
 __all__ = [
-    "COOLDOWN",
-    "GAP_DETECTED",
-    "HEALTHY",
     "LOG_SCHEMA",
     "SPAN_SCHEMA",
-    "WATCHING",
     "AnalysisStore",
     "AppendResult",
     "DerivedRows",

@@ -14,6 +14,7 @@ import streamlit as st
 
 from tracefix.daemon.app.client import ApiError, DaemonClient
 from tracefix.daemon.core.progress import retention_text
+from tracefix.daemon.core.states import SERVING_STATES, AdapterState
 from tracefix.dashboard import charts, generalist
 from tracefix.dashboard.page import PageContext, interval, rate, show
 
@@ -145,7 +146,7 @@ def render_adapter(api: DaemonClient, adapter: Mapping[str, Any], actions: tuple
         st.caption(f"run {adapter['run_id']} · {origin} · created {adapter['created_at']} · {adapter['path']}")
         if adapter.get("last_error"):
             st.warning(f"Not live yet: {adapter['last_error']}", icon=":material/sync_problem:")
-        if adapter["state"] in ("canary", "live"):
+        if adapter["state"] in SERVING_STATES:
             render_routed(detail.get("routing"))
         if evaluation.get("kind") == "next_action":
             generalist.render_evaluation(evaluation)
@@ -212,10 +213,10 @@ def render(context: PageContext) -> None:
             "here (see Pipeline).",
             icon=":material/hourglass_empty:",
         )
-    candidates = [item for item in adapters if item["state"] == "candidate"]
-    approved = [item for item in adapters if item["state"] == "approved"]
-    canaries = [item for item in adapters if item["state"] == "canary"]
-    live = [item for item in adapters if item["state"] == "live"]
+    candidates = [item for item in adapters if item["state"] == AdapterState.CANDIDATE]
+    approved = [item for item in adapters if item["state"] == AdapterState.APPROVED]
+    canaries = [item for item in adapters if item["state"] == AdapterState.CANARY]
+    live = [item for item in adapters if item["state"] == AdapterState.LIVE]
     names = {item["adapter_id"]: f"{item['capability']}@v{item['version']}" for item in adapters}
     if adapters:
         st.header(f"Candidates ({len(candidates)})")

@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 import streamlit as st
 
+from tracefix.daemon.core.states import CapabilityState
 from tracefix.dashboard import agent_profile, charts, generalist, llm_labels
 from tracefix.dashboard.capability_table import health_table, render_table, stats_row
 from tracefix.dashboard.page import PageContext, no_traces, show
@@ -65,7 +66,7 @@ def render_charts(rows: list[dict[str, Any]], history: list[dict[str, Any]], con
 
 def render_states(items: list[Mapping[str, Any]]) -> None:
     """Why each capability that is not simply healthy is where it is, and its open training request."""
-    moving = [item for item in items if item["state"] not in ("healthy", "watching") or item.get("selected")]
+    moving = [item for item in items if item["state"] not in (CapabilityState.HEALTHY, CapabilityState.WATCHING) or item.get("selected")]
     if not moving:
         return
     st.subheader("Where the gaps are in the pipeline")

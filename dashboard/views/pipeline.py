@@ -14,6 +14,7 @@ from tracefix.dashboard import charts, conversation, generalist
 from tracefix.dashboard.page import PageContext, rate, show
 from tracefix.daemon.app.client import ApiError
 from tracefix.daemon.core.progress import checkpoints_text, grpo_added_text, grpo_steps, progress_text, reference_name
+from tracefix.daemon.core.states import RunStatus
 
 
 def environment_table(items: list[Mapping[str, Any]]) -> pd.DataFrame:
@@ -137,7 +138,7 @@ def run_table(items: list[Mapping[str, Any]]) -> pd.DataFrame:
                 "capability": item["capability"],
                 "version": item["version"],
                 "status": item["status"],
-                "now": progress_text(item["latest"]) if item["status"] == "running" and item.get("latest") else "",
+                "now": progress_text(item["latest"]) if item["status"] == RunStatus.RUNNING and item.get("latest") else "",
                 "step": f"{progress.get('step', 0)} / {progress.get('max_steps', item.get('config', {}).get('steps', '?'))}",
                 "mean reward": progress.get("mean_reward"),
                 "success rate": progress.get("success_rate"),
@@ -235,7 +236,7 @@ def render_runs(context: PageContext) -> None:
         column_config={name: st.column_config.NumberColumn(format="%.2f") for name in ("mean reward", "success rate")},
     )
     by_id = {item["run_id"]: item for item in items}
-    running = [item["run_id"] for item in items if item["status"] == "running"]
+    running = [item["run_id"] for item in items if item["status"] == RunStatus.RUNNING]
     options = list(by_id)
     chosen = st.selectbox(
         "Run", options, index=options.index(running[0]) if running else 0, key="pipeline_run",

@@ -17,17 +17,15 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from tracefix.daemon.core.states import SERVING_STATES
 from tracefix.dashboard import charts
 from tracefix.dashboard.page import PageContext, interval, show
 from tracefix.dashboard.routing_stats import expert_rows, snapshot_of
 
-SERVING = ("canary", "live")
-
-
 def render_serving(adapters: list[Mapping[str, Any]]) -> None:
     """The versions the registry says serve traffic."""
     st.header("Serving versions")
-    serving = [adapter for adapter in adapters if adapter["state"] in SERVING]
+    serving = [adapter for adapter in adapters if adapter["state"] in SERVING_STATES]
     if not serving:
         st.info(
             "No adapter is live: the router serves the base model only. Approve a candidate on the Adapters page.",

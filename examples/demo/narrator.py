@@ -13,6 +13,7 @@ from examples.demo.panel import FLOW_SEEDS, GENERALIST, MODEL_DRIVEN, PANEL_BATC
 from tracefix.daemon.app.client import ApiError, DaemonClient, DaemonUnavailable
 from tracefix.daemon.core import generalist, tracks
 from tracefix.daemon.core.progress import grpo_added_text, progress_text, reference_name, retention_text
+from tracefix.daemon.core.states import SERVING_STATES, AdapterState, CapabilityState, EnvironmentStatus, RunStatus
 
 
 def number_text(value: float | None) -> str:
@@ -31,12 +32,12 @@ def environment_text(item: dict[str, Any], warm_start: bool = True) -> str:
     trained anyway, starting from its own solutions."""
     validation = item.get("validation") if isinstance(item.get("validation"), dict) else {}
     attempts = [attempt for attempt in validation.get("attempts") or [] if isinstance(attempt, dict)]
-    if item["status"] not in ("validated", "rejected") or not attempts:
+    if item["status"] not in (EnvironmentStatus.VALIDATED, EnvironmentStatus.REJECTED) or not attempts:
         return item["status"]
     passed = [attempt for attempt in attempts if attempt.get("verdict") == "ok"]
     best = passed[0] if passed else max(attempts, key=lambda attempt: attempt.get("mean") or 0.0)
     measured = f"base mean reward {number_text(best.get('mean'))} on {validation.get('rollouts', '?')} rollouts"
-    if item["status"] == "validated":
+    if item["status"] == EnvironmentStatus.VALIDATED:
         return f"validated ({measured}, hint share {number_text(validation.get('hint_share'))})"
     verdicts = sorted({str(attempt.get("verdict")) for attempt in attempts})
     if verdicts == ["too_weak"] and warm_start:
@@ -103,7 +104,7 @@ class Narrator:
         alone = self.tally.period.endswith("canary") or self.tally.period.startswith("canary") or (
             self.tally.period == GENERALIST and len(self.tally.outcomes.get(GENERALIST, {})) < PANEL_BATCHES * PANEL_BATCH
         )
-        self._hold_traffic(environments, runs, measuring=any(item["state"] == "canary" for item in adapters) or self.tally.period == "after" or alone)
+        self._hold_traffic(environments, runs, measuring=any(item["state"] == AdapterState.CANARY for item in adapters) or self.tally.period == "after" or alone)
         self._runs(runs)
         self._adapters(adapters, routing)
         self._decisions(audit, {item["adapter_id"]: f"{item['capability']}@v{item['version']}" for item in adapters})
@@ -122,7 +123,7 @@ class Narrator:
                 f"capability selected: {item['name']} — Δ {number_text(stats.get('delta'))}, coverage {number_text(stats.get('coverage'))} "
                 f"(lacking in {share_text(stats.get('er_minus'))} of failed runs that need it vs {share_text(stats.get('er_plus'))} of successful ones)",
             )  # fmt: skip
-        moving = [f"{item['name']}: {item['state']}" for item in capabilities if item["state"] not in ("healthy",)]
+        moving = [f"{item['name']}: {item['state']}" for item in capabilities if item["state"] != CapabilityState.HEALTHY]
         self.rows["capabilities"] = ", ".join(moving) or "all healthy so far"
 
     def _environments(self, environments: list[dict[str, Any]]) -> None:
@@ -143,14 +144,14 @@ class Narrator:
         if self.hold is None:
             return
         trained = {run["environment_id"] for run in runs}
-        waiting = ("validated", "rejected") if self.warm_start else ("validated",)
+        waiting = (EnvironmentStatus.VALIDATED, EnvironmentStatus.REJECTED) if self.warm_start else (EnvironmentStatus.VALIDATED,)
         busy = [] if measuring else [
-            *(f"run {run['run_id']} trains" for run in runs if run["status"] in ("queued", "running")),
-            *(f"environment {item['environment_id']}'s gate runs" for item in environments if item["status"] == "validating"),
+            *(f"run {run['run_id']} trains" for run in runs if run["status"] in (RunStatus.QUEUED, RunStatus.RUNNING)),
+            *(f"environment {item['environment_id']}'s gate runs" for item in environments if item["status"] == EnvironmentStatus.VALIDATING),
             # Once the generalist is live, a ready environment may wait for its own traffic to select
             # the capability again: holding that traffic would keep it waiting.
             *(f"environment {item['environment_id']} waits to be trained" for item in environments
-              if item["status"] in ("checked", *waiting) and item["environment_id"] not in trained and self.generalist is None),
+              if item["status"] in (EnvironmentStatus.CHECKED, *waiting) and item["environment_id"] not in trained and self.generalist is None),
         ]  # fmt: skip
         if bool(busy) == self.hold.is_set():
             return
@@ -170,7 +171,7 @@ class Narrator:
         for run in reversed(runs):
             self.event(f"run:{run['run_id']}:{run['status']}", f"training run {run['run_id']} ({run['capability']} v{run['version']}): {run['status']}")
         run = runs[0]
-        if run["status"] == "running":
+        if run["status"] == RunStatus.RUNNING:
             detail = self.client.get(f"/api/runs/{run['run_id']}")
             progress = detail.get("progress") or []
             where = progress_text(progress[-1], run["config"].get("steps")) if progress else "loading the model"
@@ -183,12 +184,12 @@ class Narrator:
         for adapter in adapters:
             name = f"{adapter['capability']}@v{adapter['version']}"
             state = adapter["state"]
-            if state == "candidate":
+            if state == AdapterState.CANDIDATE:
                 self.candidates.setdefault(name, adapter["evaluation"])
                 self.event(f"candidate:{adapter['adapter_id']}", f"candidate ready: {name}, {candidate_text(adapter['evaluation'])} — open {self.dashboard_url} to approve")
                 if self.auto_approve:
                     self.client.post(f"/api/adapters/{adapter['adapter_id']}/approve", {"reason": "tracefix demo --auto-approve"})
-            if state in ("canary", "live") and adapter["adapter_id"] in judged:
+            if state in SERVING_STATES and adapter["adapter_id"] in judged:
                 report = judged[adapter["adapter_id"]]
                 own, reference = report.get("adapter", {}), report.get("reference", {})
                 self.rows[f"{name} ({state})"] = (
@@ -199,26 +200,26 @@ class Narrator:
             if generalist.is_generalist(adapter["capability"]):
                 self._generalist_period(name, state)
                 continue
-            if state == "canary" and not self.tally.period.startswith("canary") and self.tally.period != "after":
+            if state == AdapterState.CANARY and not self.tally.period.startswith("canary") and self.tally.period != "after":
                 self.tally.enter("canary" if self.adapters == 1 else f"canary {len(self.lives) + 1}")
                 self.say(f"{name} is in canary: the conversations until it goes live are counted apart, as '{self.tally.period}'")
-            if state == "live" and adapter["capability"] not in self.lives and self.tally.period != "after":
+            if state == AdapterState.LIVE and adapter["capability"] not in self.lives and self.tally.period != "after":
                 self.lives.append(adapter["capability"])
                 self.tally.enter("after" if len(self.lives) >= self.adapters else f"after {len(self.lives)}")
                 self.say(f"{name} is live: the agent's conversations from now on count as '{self.tally.period}'")
 
         if self.tally.period.endswith("canary") or self.tally.period.startswith("canary"):
-            if not any(adapter["state"] == "canary" for adapter in adapters):
+            if not any(adapter["state"] == AdapterState.CANARY for adapter in adapters):
                 # The canary ended without going live: what served before it serves again.
                 self.tally.enter(f"after {len(self.lives)}" if self.lives else GENERALIST if self.generalist else "before")
 
     def _generalist_period(self, name: str, state: str) -> None:
         """The generalist's canary and then its time live alone are periods of their own, before any
         targeted adapter's."""
-        if state == "canary" and self.tally.period == "before":
+        if state == AdapterState.CANARY and self.tally.period == "before":
             self.tally.enter(f"{GENERALIST} canary")
             self.say(f"{name}, the agent's generalist, is in canary: the conversations until it goes live count as '{self.tally.period}'")
-        if state == "live" and self.generalist is None and not self.lives:
+        if state == AdapterState.LIVE and self.generalist is None and not self.lives:
             self.generalist = name
             self.tally.enter(GENERALIST)
             self.say(f"{name}, the agent's generalist, is live: the agent's conversations from now on count as '{GENERALIST}'")

@@ -15,6 +15,7 @@ from fastapi import APIRouter, HTTPException
 
 from tracefix.daemon.app.routes.dependencies import CurrentDaemon
 from tracefix.daemon.core import tracks
+from tracefix.daemon.core.states import CapabilityState
 
 router = APIRouter()
 
@@ -60,7 +61,7 @@ def agent_capabilities(agent: str, daemon: CurrentDaemon, window: str | None = N
         rows = [row for row in daemon.analysis_store.stats(agent=agent) if row["window_name"] == window]
         for row in rows:
             track = own.get(tracks.name(row["capability"], agent), {})
-            row.update(track=tracks.name(row["capability"], agent), state=track.get("state", "healthy"), state_reason=track.get("state_reason"))
+            row.update(track=tracks.name(row["capability"], agent), state=track.get("state", CapabilityState.HEALTHY), state_reason=track.get("state_reason"))
         return {"agent": agent, "window": window, "items": rows, "drives_tracks": True}
     rows = [row for row in daemon.analyzer.agent_stats(agent) if row["window_name"] == window]
     return {"agent": agent, "window": window, "items": rows, "drives_tracks": False}

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Query
 
 from tracefix.daemon.app.routes.dependencies import CurrentDaemon
+from tracefix.daemon.core.states import SERVING_STATES
 from tracefix.daemon.promotion.router_client import RouterError
 from tracefix.daemon.promotion.served_traffic import routing_latency, served
 
@@ -29,7 +30,7 @@ def routing(daemon: CurrentDaemon, window_s: float = Query(3600, gt=0, le=90 * 8
     judged = [
         {"adapter_id": item["adapter_id"], "name": f"{item['capability']}@v{item['version']}", "state": item["state"],
          **(daemon.promotion.routing(item) or {})}
-        for state in ("canary", "live") for item in daemon.promotion.in_state(state)
+        for state in SERVING_STATES for item in daemon.promotion.in_state(state)
     ]  # fmt: skip
     return {
         "router": table, "router_error": error, "adapters": judged, "gate": gate,
