@@ -307,6 +307,10 @@ def test_an_environment_selected_before_the_generalist_went_live_waits_to_be_sel
             "needed_failure, lacking_success, lacking_failure, runs, runs_selected, selected, agent) "
             "VALUES (1, now(), 'all', ?, 5, 20, 0, 5, 20, 0, 20, 1, 1, true, ?)"
         )
+        # A pass computed before the generalist went live judged the base's traffic: it does not count.
+        store.query(selected.replace("now()", "now() - INTERVAL 1 HOUR"), [family.capability, AGENT])
+        assert runs.environment_to_train(False, True, runner._waits) is None
+        store.query("DELETE FROM capability_stats")
         store.query(selected, [family.capability, "another-agent"])  # another agent's selection is not its own
         assert runs.environment_to_train(False, True, runner._waits) is None
         store.query(selected, [family.capability, AGENT])

@@ -20,7 +20,7 @@ import hashlib
 import json
 import logging
 import threading
-from datetime import timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -103,13 +103,13 @@ class TrainingRunner:
         live = self._live_generalist(environment.get("service_name"))
         if live is None or live.get("routed_since_ns") is None:
             return False
-        created = environment["created_at"]
-        created_ns = int((created if created.tzinfo else created.replace(tzinfo=timezone.utc)).timestamp() * 1e9)
-        if created_ns >= live["routed_since_ns"]:
+        if _ns(environment["created_at"]) >= live["routed_since_ns"]:
             return False
         window = self.settings.analysis.selection_window
         latest = self.store.track_stats(environment["capability"], window)
-        if latest and latest["selected"]:
+        # Only a pass computed after the generalist went live counts: one from before it judged the
+        # base's traffic, and still says "selected" at the moment the generalist goes live.
+        if latest and latest["selected"] and _ns(latest["computed_at"]) >= live["routed_since_ns"]:
             return False
         if environment["environment_id"] not in self._told:
             self._told.add(environment["environment_id"])
@@ -274,3 +274,8 @@ def _gain(evaluation: dict[str, Any]) -> str:
         return f"next action {adapter['rate']:.2f} vs base {base['rate']:.2f} on {evaluation['turns']} turns of {evaluation['conversations']} held-out conversations"
     target = evaluation["target"]
     return f"success {target['adapter']['success_rate']:.2f} vs base {target['base']['success_rate']:.2f} on {evaluation['seeds'][1]} held-out seeds"
+
+
+def _ns(moment: datetime) -> int:
+    """A stored timestamp (naive ones are UTC) in nanoseconds since the epoch."""
+    return int((moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp() * 1e9)
