@@ -13,7 +13,7 @@ import pytest
 
 from tracefix.trainer.environment import Environment, assistant_call, assistant_text, load_tools
 from tracefix.trainer.families.tool_call_precision import LOOKUP_SHARE, ToolCallPrecisionFamily, lookup_reads
-from tracefix.trainer.schema_values import Values, properties, required
+from tracefix.trainer.schema_values import Values, is_write, properties, required
 from tracefix.trainer.simulation import schema_error
 
 from tracefix.trainer.families._shared import phrase
@@ -244,6 +244,18 @@ def test_hint_names_the_call() -> None:
     for seed in range(10):
         instance = FAMILY.instance(TOOLS["retail"], seed, 2)
         assert instance.target.name in instance.hint()
+
+
+@pytest.mark.parametrize(("tool_set", "difficulty"), CASES)
+def test_it_asks_for_reads_only_where_the_tool_set_has_them(tool_set: str, difficulty: int) -> None:
+    # A state change asked for and rewarded at once would teach skipping the read and the confirmation.
+    tools = TOOLS[tool_set]
+    assert any(is_write(tool) for tool in tools)
+    asked = {FAMILY.instance(tools, seed, difficulty).target.name for seed in range(200)}
+    assert asked and not any(is_write(tool) for tool in tools if tool.name in asked)
+    # A tool set of writes alone still gets its instances, of those writes.
+    writes = [tool for tool in tools if is_write(tool) and required(tool)]
+    assert {FAMILY.instance(writes, seed, difficulty).target.name for seed in range(50)} <= {tool.name for tool in writes}
 
 
 def test_tools_without_required_parameters_are_refused() -> None:

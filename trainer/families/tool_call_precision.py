@@ -1,7 +1,8 @@
 """tool_call_precision: the instance needs correct calls whose arguments come from the context.
 
-One of the target's tools with required parameters is picked (seeded); schema-valid arguments are
-generated. Two kinds of instance, drawn per seed:
+One of the target's tools with required parameters is picked (seeded): a read wherever the tool
+set has one (``targets``: a state change is asked for, read and confirmed in
+``precondition_verification``); schema-valid arguments are generated. Two kinds of instance, drawn per seed:
 
 - *stated*: the user's request states every argument value in plain words. The agent must make
   exactly that call; the environment answers with a simulated result and the episode ends at the
@@ -113,14 +114,25 @@ def lookup_reads(tools: Sequence[Tool]) -> list[Tool]:
     return [tool for tool in tools if is_read(tool) and required(tool) and set(required(tool)) <= set(id_parameters(tool))]
 
 
+def targets(tools: Sequence[Tool]) -> list[Tool]:
+    """The tools an instance may ask for: those with a required parameter, and of them the reads
+    wherever the tool set has any. A state-changing call asked for in one line and rewarded when made
+    at once teaches an agent to change state without reading it first and confirming with the user:
+    that sequence is ``precondition_verification``'s to train. Routed to an agent whose policy
+    verifies before it writes, an adapter that learned the shortcut skipped the verification
+    (docs/performance.md, Run 30)."""
+    candidates = [tool for tool in tools if required(tool)]
+    return [tool for tool in candidates if is_read(tool)] or candidates
+
+
 def lookup_pairs(tools: Sequence[Tool]) -> list[tuple[Tool, Tool]]:
-    """Every (read, target) pair for a lookup instance: the read takes only ids, and the target has a
-    required parameter the read does not take."""
+    """Every (read, target) pair for a lookup instance: the read takes only ids, and the target (one
+    of `targets`) has a required parameter the read does not take."""
     reads = lookup_reads(tools)
     return [
         (read, target)
         for read in reads
-        for target in tools
+        for target in targets(tools)
         if target.name != read.name and any(name not in required(read) for name in required(target))
     ]
 
@@ -147,7 +159,7 @@ class ToolCallPrecisionInstance(ToolUseInstance):
         if pairs and kind.random() < LOOKUP_SHARE:
             self.lookup, self.target = kind.choice(pairs)
         else:
-            candidates = [tool for tool in self.tools if required(tool)]
+            candidates = targets(self.tools)
             if difficulty >= 2:
                 richer = [tool for tool in candidates if len(properties(tool)) >= 2]
                 candidates = richer or candidates
@@ -358,7 +370,7 @@ class ToolCallPrecisionFamily(Family):
 
     name = "tool_call_precision"
     capability = "tool_call_precision"
-    version = "2"
+    version = "3"
     description = "Make the right tool call with argument values the user stated or a read returned."
     rewards = {
         "exact_call": 1.0,
