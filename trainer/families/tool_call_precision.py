@@ -118,9 +118,7 @@ def targets(tools: Sequence[Tool]) -> list[Tool]:
     """The tools an instance may ask for: those with a required parameter, and of them the reads
     wherever the tool set has any. A state-changing call asked for in one line and rewarded when made
     at once teaches an agent to change state without reading it first and confirming with the user:
-    that sequence is ``precondition_verification``'s to train. Routed to an agent whose policy
-    verifies before it writes, an adapter that learned the shortcut skipped the verification
-    (docs/performance.md, Run 30)."""
+    that sequence is ``precondition_verification``'s to train, and agents' policies ask for it."""
     candidates = [tool for tool in tools if required(tool)]
     return [tool for tool in candidates if is_read(tool)] or candidates
 
