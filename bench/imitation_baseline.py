@@ -182,7 +182,8 @@ def run_arm(router: Router, arm: str, adapters: list[dict[str, Any]], imitation:
 def run_panel(router: Router, arm: str, model: str, repeats: int, batches: int) -> dict[str, Any]:
     """The model-driven agent over the panel's first `batches` batches (`repeats` times), asking
     the router for `model` (the base name lets its routing choose): the arm's task success with its
-    95 % Wilson interval, how far each goal got, and each conversation's goal and outcome."""
+    95 % Wilson interval, how far each goal got, and each conversation's goal and outcome (with the
+    check's explanation and where it stopped, and why: ``examples.airline.progress``)."""
     from examples.airline.progress import step_table
     from examples.airline.runner import run_conversations
 
@@ -201,7 +202,11 @@ def run_panel(router: Router, arm: str, model: str, repeats: int, batches: int) 
         "rate": successes / len(outcomes) if outcomes else 0.0, "interval": [round(low, 4), round(high, 4)],
         "seconds": round(time.monotonic() - started, 1),
         "goal_steps": step_table(outcome.progress for outcome in outcomes if outcome.progress),
-        "outcomes": [{"conversation": outcome.conversation_id, "goal": outcome.task_id, "success": outcome.success} for outcome in outcomes],
+        "outcomes": [
+            {"conversation": outcome.conversation_id, "goal": outcome.task_id, "success": outcome.success, "explanation": outcome.explanation,
+             "progress": outcome.progress}
+            for outcome in outcomes
+        ],
     }  # fmt: skip
 
 
