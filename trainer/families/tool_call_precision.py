@@ -1,8 +1,9 @@
 """tool_call_precision: the instance needs correct calls whose arguments come from the context.
 
 One of the target's tools with required parameters is picked (seeded): a read wherever the tool
-set has one (``targets``: a state change is asked for, read and confirmed in
-``precondition_verification``); schema-valid arguments are generated. Two kinds of instance, drawn per seed:
+set has one (``targets``; a state change is asked for, read and confirmed in
+``precondition_verification``). Schema-valid arguments are generated. Two kinds of instance, drawn
+per seed:
 
 - *stated*: the user's request states every argument value in plain words. The agent must make
   exactly that call; the environment answers with a simulated result and the episode ends at the
