@@ -25,6 +25,7 @@ from tracefix.daemon.core.settings import StoreSettings  # noqa: E402
 from tracefix.daemon.store.store import Store  # noqa: E402
 from tests.conftest import REPO, RunningDaemon, free_port, make_daemon, wait_for  # noqa: E402
 from tests.lora_support import make_adapter, register_candidate  # noqa: E402
+from tests.otlp_builders import metric  # noqa: E402
 
 CAPABILITY = "error_recovery"
 
@@ -153,8 +154,14 @@ def test_a_killed_router_is_brought_back_to_the_live_set_and_its_spans_reach_the
     # Killed in the middle of the swap to v2: the promote job is loading it, or about to.
     assert _post(daemon, "/api/adapters/2/approve").status_code == 200
     router.stop(signal.SIGKILL)
+    # Down for several promote passes: the outage is logged once and shown by the gauge.
+    wait_for(lambda: metric(daemon, "tracefix_router_reconciled") == 0)
+    passes = metric(daemon, "tracefix_job_runs_total", job="promote")
+    wait_for(lambda: metric(daemon, "tracefix_job_runs_total", job="promote") >= passes + 3)
+    assert daemon.log_path.read_text().count("router not reconciled") == 1
     router.start()  # starts with the base model only
     wait_for(lambda: _state(daemon, 2) == "live" and router.models() == {"base", f"{CAPABILITY}@v2"}, timeout_s=60)
+    assert metric(daemon, "tracefix_router_reconciled") == 1 and "router reconciled again" in daemon.log_path.read_text()
     assert _state(daemon, 1) == "retired"
     client = openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", max_retries=0)
     answer = client.chat.completions.create(

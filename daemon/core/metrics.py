@@ -49,6 +49,9 @@ CAPABILITY_DELTA = Gauge("tracefix_capability_delta", "ER- minus ER+", ["capabil
 CAPABILITY_COVERAGE = Gauge("tracefix_capability_coverage", "LACKING-on-failed over all failed runs", ["capability"])
 CAPABILITY_STATE = Gauge("tracefix_capability_state", "1 for the capability's current trigger state", ["capability", "state"])
 TRAINING_REQUESTS = Counter("tracefix_training_requests", "Training requests emitted", ["capability", "source"])
+ROUTER_RECONCILED = Gauge(
+    "tracefix_router_reconciled", "1 when the promote job's last reconciliation with the router succeeded, 0 while the router cannot be reached or refuses"
+)
 ADAPTER_ROLLBACKS = Counter(
     "tracefix_adapter_rollbacks", "Adapters rolled back automatically, by the stage that judged them (canary or live)", ["capability", "stage"]
 )

@@ -95,6 +95,9 @@ class Promotion:
         # Decisions take turns: a rollback by hand must not land between the promote job reading
         # what the router serves and loading what the registry wants (it would load it again).
         self.turn = threading.RLock()
+        # Why the router could not be reconciled, while it cannot: an outage is logged when it
+        # starts and when it ends, not on every pass.
+        self._router_down: str | None = None
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -178,12 +181,26 @@ class Promotion:
         """One pass of the promote job: the router first serves exactly the registry's live and
         canary set, then approved adapters go to it and canaries and live adapters are judged."""
         with self.turn:
-            if self.has_served():
-                try:
+            try:
+                if self.has_served():  # else the router holds nothing of ours: nothing to reconcile
                     self.reconcile(router)
-                except RouterError as error:  # down or restarting: approvals still record why they wait
-                    log.warning("router not reconciled: %s", error)
+            except RouterError as error:  # down or restarting: approvals still record why they wait
+                self._router_failed(str(error))
+            else:
+                self._router_answered()
             return self.promote_pass(router)
+
+    def _router_failed(self, reason: str) -> None:
+        metrics.ROUTER_RECONCILED.set(0)
+        if self._router_down is None:
+            log.warning("router not reconciled: %s (retried every %g s; logged again when it is)", reason, self.settings.promotion.interval_s)
+        self._router_down = reason
+
+    def _router_answered(self) -> None:
+        metrics.ROUTER_RECONCILED.set(1)
+        if self._router_down is not None:
+            log.info("router reconciled again: it serves the registry's live and canary versions")
+        self._router_down = None
 
     def has_served(self) -> bool:
         """Whether any version was ever handed to the router (so the router may hold adapters)."""
@@ -318,8 +335,10 @@ class Promotion:
             call(*arguments)
             return True
         except Exception as error:  # the router is down or refused: nothing moves, the next pass retries
-            self.record_error(adapter["adapter_id"], f"{failure}: {error}")
-            log.warning("%s: %s", failure, error)
+            message = f"{failure}: {error}"
+            if message != adapter.get("last_error"):  # logged when it starts or changes, not every pass
+                log.warning("%s", message)
+            self.record_error(adapter["adapter_id"], message)
             return False
 
     def rollback(
