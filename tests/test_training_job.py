@@ -58,6 +58,9 @@ def test_a_planted_gap_ends_as_a_verified_candidate_adapter_with_no_manual_step(
         run = daemon.get(f"/api/runs/{runs[0]['run_id']}") if runs else {}
     finally:
         daemon.stop()
+    # The job's log holds what went wrong, not library noise (deprecations, dataset progress bars).
+    job_log = (Path(run["directory"]) / "stderr.log").read_text()
+    assert not any(noise in job_log for noise in ("deprecated", "examples/s", "it/s]")), job_log[-3000:]
     # The gate rejected the random base as too weak, so the run warm-started.
     assert environment["status"] == "rejected" and all(a["verdict"] == "too_weak" for a in environment["validation"]["attempts"])
     assert [item["status"] for item in runs] == ["candidate"], runs

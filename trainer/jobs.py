@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -85,11 +86,18 @@ def out_of_memory(error: RuntimeError, memory_setting: str) -> str | None:
     return f"out of memory under the {memory_setting} limit ({asked})"
 
 
+def quiet_deprecations() -> None:
+    """Not PEFT's and TRL's use of the names transformers deprecated for `activation_checkpointing`:
+    theirs to change, and on every run it would bury what a job's stderr is kept for."""
+    warnings.filterwarnings("ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated", category=FutureWarning)
+
+
 def run_job(what: str, body: Callable[[], None], memory_setting: str = "memory_mb") -> int:
     """Run a job's body and turn its failure into an exit status with the reason as the last line
     of stderr (which the daemon records): 0 done, 1 failed."""
     from tracefix.trainer.model import ModelUnavailable
 
+    quiet_deprecations()
     try:
         body()
     except MemoryError:

@@ -161,7 +161,7 @@ def supervised(
         max_length=config.max_length,
         dataloader_num_workers=0,
         disable_tqdm=True,
-        gradient_checkpointing=False,
+        activation_checkpointing=False,  # (TRL defaults it on; its old name, gradient_checkpointing, is deprecated)
     )
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     trainer = SharedPrefixSFTTrainer(

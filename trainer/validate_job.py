@@ -22,7 +22,7 @@ from typing import Any
 from tracefix.daemon.core.settings import ValidationSettings
 from tracefix.trainer.environment import Family, Instance, Tool
 from tracefix.trainer.families import build_environment
-from tracefix.trainer.jobs import RequestError, allocation_failed, exit_with_parent, limit_memory, write_atomically
+from tracefix.trainer.jobs import RequestError, allocation_failed, exit_with_parent, limit_memory, quiet_deprecations, write_atomically
 from tracefix.trainer.jobs import read_request as read_request_keys
 from tracefix.trainer.model import ModelUnavailable
 from tracefix.trainer.precision import UnsupportedDtype
@@ -95,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, required=True, help="where the report JSON goes")
     arguments = parser.parse_args(argv)
     memory_mb = None
+    quiet_deprecations()
     try:
         request = read_request(arguments.request)
         memory_mb = request["gate"]["memory_mb"]
