@@ -20,9 +20,9 @@ a router of its own on the demo's settings and runs the model-driven agent over 
 
 Each arm gets a fresh router, so none inherits another's loaded adapters, caches or held
 conversations. It prints task success per arm with 95 % Wilson intervals and, paired on the same
-goals (each goal's first conversation per arm), each arm against ``base`` and ``per_conversation``
-against each other arm: the difference with its 95 % interval and McNemar's exact p, as markdown
-(and JSON with ``--json``).
+goals (each goal's first conversation per arm), each arm against ``base``, each targeted arm against
+``generalist`` and ``per_conversation`` against each other arm: the difference with its 95 %
+interval and McNemar's exact p, as markdown (and JSON with ``--json``).
 
     python bench/composition.py --demo .tracefix/bench-demo
     python bench/composition.py --demo .tracefix/bench-demo --arms base,per_conversation,per_request --batches 6
@@ -190,9 +190,10 @@ def run_arm(demo: Path, arm: str, generalist: dict[str, Any] | None, targeted: l
 
 
 def paired_comparisons(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each arm against base, then per_conversation against each other arm, on the goals both ran
-    (each goal's first conversation per arm, as the demo pairs its periods): the second's task
-    success minus the first's with its 95 % interval and McNemar's exact p."""
+    """Each arm against base; each targeted arm against the generalist (the method's question: does
+    a targeted adapter on top of it do better?); then per_conversation against each other arm. On
+    the goals both ran (each goal's first conversation per arm, as the demo pairs its periods): the
+    second's task success minus the first's with its 95 % interval and McNemar's exact p."""
     tally = Tally()
     for result in results:
         tally.enter(result["arm"])
@@ -200,6 +201,7 @@ def paired_comparisons(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             tally.add(item["conversation"], item["success"], goal=item["goal"])
     arms = [result["arm"] for result in results]
     pairs = [(BASE, arm) for arm in arms if BASE in arms and arm != BASE]
+    pairs += [(GENERALIST, arm) for arm in arms if GENERALIST in arms and arm not in (BASE, GENERALIST, PER_CONVERSATION)]
     pairs += [(arm, PER_CONVERSATION) for arm in arms if PER_CONVERSATION in arms and arm not in (BASE, PER_CONVERSATION)]
     return [comparison for first, second in pairs if (comparison := tally.paired(first, second)) is not None]
 

@@ -269,6 +269,21 @@ def test_each_arm_is_paired_with_base_and_per_conversation_with_each_other_arm_o
     assert report["best_single"] == "single:tool_args"
 
 
+def test_with_a_generalist_each_targeted_arm_is_paired_with_it_once() -> None:
+    generalist = arm("generalist", "generalist.airline@v1", [True, True, False, False, False, False])
+    single = arm("single:refunds", "refunds@v1", [True, False, True, True, True, False])
+    merge = arm("merge", "merge@v1", [False] * 6)
+    per_conversation = arm("per_conversation", "generalist.airline@v1", [True, True, True, False, False, False])
+    paired = {(item["from"], item["to"]): item for item in paired_comparisons([generalist, single, merge, per_conversation])}
+    assert list(paired) == [
+        ("generalist", "single:refunds"), ("generalist", "merge"),
+        ("generalist", "per_conversation"), ("single:refunds", "per_conversation"), ("merge", "per_conversation"),
+    ]  # fmt: skip
+    item = paired["generalist", "single:refunds"]  # won g2, g3, g4; lost g1
+    assert (item["before"], item["after"], item["after_only"], item["before_only"]) == (2, 4, 3, 1)
+    assert item["mcnemar_p"] == round(mcnemar_p(3, 1), 4)
+
+
 def test_the_report_names_each_arm_the_best_single_adapter_and_the_paired_differences() -> None:
     report = hand_made()
     text = render(report)
