@@ -265,7 +265,13 @@ def test_rule_labels_and_statistics_come_first_while_a_slow_llm_judges_concurren
         assert "llm labels: 12 pending, 3 in flight, 0 judged" in status_cli(daemon)
 
         slow_server.release()
-        llm = wait_for(lambda: (block := daemon.status()["llm"])["pending"] == 0 and block["judged"] == 12 and block)
+        try:
+            llm = wait_for(lambda: (block := daemon.status()["llm"])["pending"] == 0 and block["judged"] == 12 and block, timeout_s=60)
+        except TimeoutError as error:  # where the judging stood, for the failure's diagnosis
+            raise AssertionError(
+                f"judging unfinished: {daemon.status()['llm']}; the model server has {slow_server.in_flight} in flight "
+                f"of {len(slow_server.requests)} requests; daemon log: {daemon.log_path.read_text()[-2000:]}"
+            ) from error
         assert slow_server.most_in_flight == 3  # bounded, and concurrent
         assert len(slow_server.requests) == 12 * 2  # two runs each, nothing judged twice
         assert llm["endpoint_answering"] is True and llm["last_error"] is None
