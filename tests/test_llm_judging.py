@@ -252,7 +252,9 @@ def test_rule_labels_and_statistics_come_first_while_a_slow_llm_judges_concurren
     slow_server.hold()  # the model answers nothing until released
     daemon = judging_daemon(tmp_path, slow_server.base_url, concurrency=3, runs=2).start()
     try:
-        send(generate(12, seed=11, failure_rate=0.4, gaps="none"), daemon.http_url, "http/protobuf", "log")
+        # Outcomes on the root spans: outcome logs committed after the spans reassemble a trajectory,
+        # and one judged before that is rightly judged again, which would make the counts below race.
+        send(generate(12, seed=11, failure_rate=0.4, gaps="none"), daemon.http_url, "http/protobuf", "attribute")
         assert daemon.wait_analyzed(timeout_s=60) is not None
         wait_for(lambda: counted(daemon, RULE) == 12)
         assert counted(daemon, CUSTOM) == 0
