@@ -166,6 +166,29 @@ def test_the_analysis_pass_calls_no_llm_and_the_judging_takes_the_newest_traject
         store.close()
 
 
+def test_a_trajectory_reassembled_after_its_judgement_is_judged_again_and_only_it(tmp_path: Path, slow_server: SlowServer) -> None:
+    store, oldest_first = assembled_store(tmp_path / "tracefix.duckdb", 3)
+    analyzer, judging = judging_for(store, slow_server, concurrency=1, runs=1)
+    try:
+        analyzer.run_pass()
+        assert judging.run_pass() == 3 and judging.run_pass() == 0
+        # A late span of the oldest trajectory's trace: the assembler updates that trajectory.
+        trace_id = store.query("SELECT trace_ids FROM trajectories WHERE trajectory_id = ?", [oldest_first[0]])[0]["trace_ids"][0]
+        writer = BatchedWriter(store, WriterSettings())
+        writer.start()
+        try:
+            span = json_span(trace_id, new_span_id(), "chat", attributes={"gen_ai.operation.name": "chat"})
+            writer.submit(spans=decode_spans(parse_traces_json(json_traces([span])), Limits()).columns).result(timeout=10)
+            Assembler(store, AssemblerSettings(), OutcomeSettings(), lambda: writer.committed_batch).run_until_idle()
+        finally:
+            writer.stop()
+        assert judging.run_pass() == 1
+        assert slow_server.judged_ids() == oldest_first[::-1] + [oldest_first[0]]
+    finally:
+        judging.stop()
+        store.close()
+
+
 def test_the_calls_per_minute_budget_holds_over_its_window(tmp_path: Path, slow_server: SlowServer) -> None:
     store, _ = assembled_store(tmp_path / "tracefix.duckdb", 8)
     budget = CallBudget(3, window_s=1.0)  # [llm] calls_per_minute = 3, over a one-second window
