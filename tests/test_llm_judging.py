@@ -103,20 +103,26 @@ def _no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- in process: a store, the analyzer, and the judging of one custom capability ------------------
 
 
-def assembled_store(path: Path, count: int) -> tuple[Store, list[str]]:
-    """`count` trajectories, each assembled in a batch of its own: ids oldest first."""
-    store = Store(StoreSettings(path=path))
+def commit_and_assemble(store: Store, batches: list[list[dict[str, Any]]]) -> None:
+    """Each batch of JSON spans committed by a real writer, then assembled, in turn."""
     writer = BatchedWriter(store, WriterSettings())
     writer.start()
     assembler = Assembler(store, AssemblerSettings(), OutcomeSettings(), lambda: writer.committed_batch)
     try:
-        for index in range(count):
-            outcome = "failure" if index % 2 else "success"
-            span = json_span(new_trace_id(), new_span_id(), "invoke_agent", attributes={"tracefix.outcome": outcome})
-            writer.submit(spans=decode_spans(parse_traces_json(json_traces([span])), Limits()).columns).result(timeout=10)
+        for spans in batches:
+            writer.submit(spans=decode_spans(parse_traces_json(json_traces(spans)), Limits()).columns).result(timeout=10)
             assembler.run_until_idle()
     finally:
         writer.stop()
+
+
+def assembled_store(path: Path, count: int) -> tuple[Store, list[str]]:
+    """`count` trajectories, each assembled in a batch of its own: ids oldest first."""
+    store = Store(StoreSettings(path=path))
+    commit_and_assemble(store, [
+        [json_span(new_trace_id(), new_span_id(), "invoke_agent", attributes={"tracefix.outcome": "failure" if index % 2 else "success"})]
+        for index in range(count)
+    ])  # fmt: skip
     rows = store.query("SELECT trajectory_id FROM trajectories ORDER BY updated_batch")
     return store, [row["trajectory_id"] for row in rows]
 
@@ -174,14 +180,7 @@ def test_a_trajectory_reassembled_after_its_judgement_is_judged_again_and_only_i
         assert judging.run_pass() == 3 and judging.run_pass() == 0
         # A late span of the oldest trajectory's trace: the assembler updates that trajectory.
         trace_id = store.query("SELECT trace_ids FROM trajectories WHERE trajectory_id = ?", [oldest_first[0]])[0]["trace_ids"][0]
-        writer = BatchedWriter(store, WriterSettings())
-        writer.start()
-        try:
-            span = json_span(trace_id, new_span_id(), "chat", attributes={"gen_ai.operation.name": "chat"})
-            writer.submit(spans=decode_spans(parse_traces_json(json_traces([span])), Limits()).columns).result(timeout=10)
-            Assembler(store, AssemblerSettings(), OutcomeSettings(), lambda: writer.committed_batch).run_until_idle()
-        finally:
-            writer.stop()
+        commit_and_assemble(store, [[json_span(trace_id, new_span_id(), "chat", attributes={"gen_ai.operation.name": "chat"})]])
         assert judging.run_pass() == 1
         assert slow_server.judged_ids() == oldest_first[::-1] + [oldest_first[0]]
     finally:

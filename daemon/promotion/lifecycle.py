@@ -95,9 +95,9 @@ class Promotion:
         # Decisions take turns: a rollback by hand must not land between the promote job reading
         # what the router serves and loading what the registry wants (it would load it again).
         self.turn = threading.RLock()
-        # Why the router could not be reconciled, while it cannot: an outage is logged when it
+        # Whether the router could not be reconciled on the last pass: an outage is logged when it
         # starts and when it ends, not on every pass.
-        self._router_down: str | None = None
+        self._router_down = False
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -185,22 +185,22 @@ class Promotion:
                 if self.has_served():  # else the router holds nothing of ours: nothing to reconcile
                     self.reconcile(router)
             except RouterError as error:  # down or restarting: approvals still record why they wait
-                self._router_failed(str(error))
+                self._router_failed(error)
             else:
                 self._router_answered()
             return self.promote_pass(router)
 
-    def _router_failed(self, reason: str) -> None:
+    def _router_failed(self, error: RouterError) -> None:
         metrics.ROUTER_RECONCILED.set(0)
-        if self._router_down is None:
-            log.warning("router not reconciled: %s (retried every %g s; logged again when it is)", reason, self.settings.promotion.interval_s)
-        self._router_down = reason
+        if not self._router_down:
+            log.warning("router not reconciled: %s (retried every %g s; logged again when it is)", error, self.settings.promotion.interval_s)
+        self._router_down = True
 
     def _router_answered(self) -> None:
         metrics.ROUTER_RECONCILED.set(1)
-        if self._router_down is not None:
+        if self._router_down:
             log.info("router reconciled again: it serves the registry's live and canary versions")
-        self._router_down = None
+        self._router_down = False
 
     def has_served(self) -> bool:
         """Whether any version was ever handed to the router (so the router may hold adapters)."""
