@@ -198,9 +198,18 @@ class Assembler:
         started = time.perf_counter()
         committed = self._committed_batch()  # read first: every batch up to it is visible below
         span_batch, log_batch = self.position
-        trace_ids, reach_span, reach_log, complete = self.store.pending_traces(
-            span_batch, log_batch, max_traces or self.settings.max_traces_per_pass
-        )
+        # One snapshot for everything the pass reads: a root span committed between grouping and
+        # reading would otherwise be assembled under its trace id with its conversation's outcome,
+        # a trajectory that the next pass removes, after the jobs may have picked it.
+        with self.store.transaction():
+            trace_ids, reach_span, reach_log, complete = self.store.pending_traces(
+                span_batch, log_batch, max_traces or self.settings.max_traces_per_pass
+            )
+            groups = self.store.trajectory_groups(trace_ids) if trace_ids else {}
+            all_traces = [trace for traces in groups.values() for trace in traces]
+            spans = self.store.spans_of_traces(all_traces)
+            conversations = [trajectory_id for trajectory_id, traces in groups.items() if trajectory_id not in traces]
+            logs = self.store.logs_of_traces(all_traces, conversations)
         if not trace_ids:
             if (reach_span, reach_log) != self.position:
                 self.store.replace_derived(DerivedRows([], [], [], [], [], [], [], []), reach_span, reach_log)
@@ -208,11 +217,6 @@ class Assembler:
             if complete:
                 self.assembled_batch = max(self.assembled_batch, committed)
             return 0
-        groups = self.store.trajectory_groups(trace_ids)
-        all_traces = [trace for traces in groups.values() for trace in traces]
-        spans = self.store.spans_of_traces(all_traces)
-        conversations = [trajectory_id for trajectory_id, traces in groups.items() if trajectory_id not in traces]
-        logs = self.store.logs_of_traces(all_traces, conversations)
         rows = self.build(groups, spans, logs, max(reach_span, reach_log))
         self.store.replace_derived(rows, reach_span, reach_log)
         self.position = (reach_span, reach_log)
