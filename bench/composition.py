@@ -232,6 +232,24 @@ def served_text(report: dict[str, Any], arm: dict[str, Any]) -> str:
     return f"`{arm['model']}`: PEFT's linear merge of {', '.join(f'`{item}`' for item in inputs)} (their LoRA A and B averaged), by name"
 
 
+def served_table(arms: list[dict[str, Any]]) -> list[str]:
+    """Per arm, which models answered its conversations (the router's `model` in each response; a
+    routed conversation the classifier sent two ways shows both, in order) and how those
+    conversations did, per goal type: where a routed arm won or lost against a single adapter."""
+    lines = ["", "| arm | answered by | conversations | task success | per goal: successes/conversations |", "|---|---|---|---|---|"]
+    for arm in arms:
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for item in arm["outcomes"]:
+            groups.setdefault(" then ".join(f"`{name}`" for name in item["served_by"]) or "no answer", []).append(item)
+        for served, items in sorted(groups.items(), key=lambda group: -len(group[1])):
+            goals: dict[str, list[bool]] = {}
+            for item in items:
+                goals.setdefault(item["progress"]["goal"], []).append(item["success"])
+            per_goal = ", ".join(f"{goal} {sum(done)}/{len(done)}" for goal, done in sorted(goals.items()))
+            lines.append(f"| {arm['arm']} | {served} | {len(items)} | {sum(item['success'] for item in items)} | {per_goal} |")
+    return lines
+
+
 def render(report: dict[str, Any]) -> str:
     lines = [
         "| arm | what serves the model-driven agent | task success on the panel | conversations | seconds |",
@@ -263,6 +281,7 @@ def render(report: dict[str, Any]) -> str:
                 f"| {item['to']} − {item['from']} | {item['goals']} | {item['before']} → {item['after']} "
                 f"| {item['difference']:+.2f} [{low:+.2f}, {high:+.2f}] | {item['mcnemar_p']:.3f} |"
             )
+    lines += ["", "Which models answered each arm's conversations:"] + served_table(report["arms"])
     lines += goal_steps_table({arm["arm"]: arm["goal_steps"] for arm in report["arms"]})
     return "\n".join(lines)
 

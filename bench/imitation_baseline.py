@@ -204,7 +204,7 @@ def run_panel(router: Router, arm: str, model: str, repeats: int, batches: int) 
         "goal_steps": step_table(outcome.progress for outcome in outcomes if outcome.progress),
         "outcomes": [
             {"conversation": outcome.conversation_id, "goal": outcome.task_id, "success": outcome.success, "explanation": outcome.explanation,
-             "progress": outcome.progress}
+             "progress": outcome.progress, "served_by": outcome.served_by}
             for outcome in outcomes
         ],
     }  # fmt: skip

@@ -22,6 +22,7 @@ from bench.composition import (
     merge_weights,
     paired_comparisons,
     render,
+    served_table,
 )
 from examples.demo.panel import MODEL_DRIVEN
 from tracefix.daemon.core import generalist as generalists
@@ -225,10 +226,15 @@ def test_the_lineup_takes_each_capabilitys_newest_adapter_and_the_arms_follow_fr
     assert available_arms(None, []) == ["base"]
 
 
-def arm(name: str, model: str, successes: list[bool], goals: list[str] | None = None) -> dict[str, Any]:
-    """A hand-made arm record as `run_panel` returns it: one conversation per goal g0, g1, …"""
+def arm(name: str, model: str, successes: list[bool], goals: list[str] | None = None, served: list[list[str]] | None = None) -> dict[str, Any]:
+    """A hand-made arm record as `run_panel` returns it: one conversation per goal g0, g1, … (goals of
+    type cancel, then change, alternately), each answered by `model` unless `served` says otherwise."""
     goals = goals or [f"g{index}" for index in range(len(successes))]
-    outcomes = [{"conversation": f"{name}-{index}", "goal": goal, "success": success} for index, (goal, success) in enumerate(zip(goals, successes, strict=True))]
+    served = served or [[model]] * len(successes)
+    outcomes = [
+        {"conversation": f"{name}-{index}", "goal": goal, "success": success, "progress": {"goal": ("cancel", "change")[index % 2]}, "served_by": by}
+        for index, (goal, success, by) in enumerate(zip(goals, successes, served, strict=True))
+    ]
     count = sum(successes)
     return {"arm": name, "model": model, "conversations": len(successes), "successes": count, "rate": count / len(successes),
             "interval": [0.1, 0.9], "seconds": 12.0, "goal_steps": [], "outcomes": outcomes}  # fmt: skip
@@ -296,3 +302,19 @@ def test_the_report_names_each_arm_the_best_single_adapter_and_the_paired_differ
 
     report["merge"]["inputs"] = ["refunds@v1"]
     assert "the merge is refunds@v1 itself" in render(report)
+
+
+def test_the_report_says_which_models_answered_each_arms_conversations_and_how_they_did_per_goal() -> None:
+    generalist, adapter = "generalist.airline@v1", "refunds@v1"
+    # Routed per conversation: the classifier sent g0, g1, g3 to the adapter, g2 to the generalist,
+    # and g4's conversation to the generalist first and then the adapter.
+    routed = arm("per_conversation", "base", [True, False, False, True, True],
+                 served=[[adapter], [adapter], [generalist], [adapter], [generalist, adapter]])  # fmt: skip
+    lines = served_table([arm("generalist", generalist, [True, False]), routed])
+    assert lines[3:] == [
+        f"| generalist | `{generalist}` | 2 | 1 | cancel 1/1, change 0/1 |",
+        f"| per_conversation | `{adapter}` | 3 | 2 | cancel 1/1, change 1/2 |",
+        f"| per_conversation | `{generalist}` | 1 | 0 | cancel 0/1 |",
+        f"| per_conversation | `{generalist}` then `{adapter}` | 1 | 1 | cancel 1/1 |",
+    ]
+    assert "Which models answered each arm's conversations:" in render(hand_made())

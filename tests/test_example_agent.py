@@ -330,6 +330,7 @@ def test_the_llm_agent_survives_a_random_model_and_the_routers_span_joins_its_tr
     assert len(outcomes) == 3 and outcomes.failed_spans == 0
     assert all(o.ended in ("answer", "turn_limit") and o.turns >= 1 for o in outcomes), [o.as_dict() for o in outcomes]
     assert not any(o.success for o in outcomes)  # random tokens do not cancel reservations
+    assert [o.served_by for o in outcomes] == [["base"]] * 3  # the model the router said answered each call
 
     for outcome in outcomes:
         detail = wait_for(lambda: _assembled(daemon, outcome.conversation_id))

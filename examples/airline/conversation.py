@@ -60,6 +60,7 @@ class Conversation:
             {"role": "user", "content": self.user.opening()},
         ]
         self.turns = self.tool_calls = self.tool_errors = 0
+        self.served_by: list[str] = []  # the models that answered its calls, in the order they first did
 
     def run(self, max_turns: int) -> Outcome:
         """Play the conversation to its end and report (and return) its outcome."""
@@ -116,6 +117,7 @@ class Conversation:
             self.conversation_id, format(root.get_span_context().trace_id, "032x"), self.task.task_id, self.task.goal,
             self.policy.name, verdict.success, verdict.reward, verdict.explanation, self.turns, self.tool_calls,
             self.tool_errors, ended, list(getattr(self.policy, "applied", [])), progress(self.task, self.messages).as_dict(),
+            self.served_by,
         )  # fmt: skip
 
     def _chat(self, parent: Any) -> Reply | None:
@@ -143,10 +145,13 @@ class Conversation:
             span.set_status(Status(StatusCode.ERROR, str(error)))
             span.end()
             return None
+        served = reply.response_model or model
+        if served not in self.served_by:
+            self.served_by.append(served)
         attributes: dict[str, Any] = {
             "gen_ai.output.messages": output_messages(reply),
             "gen_ai.response.finish_reasons": [reply.finish_reason],
-            "gen_ai.response.model": reply.response_model or model,
+            "gen_ai.response.model": served,
         }
         if reply.response_id:
             attributes["gen_ai.response.id"] = reply.response_id

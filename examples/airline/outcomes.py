@@ -51,6 +51,7 @@ class Outcome:
     ended: str  # "answer" | "turn_limit" | "model_error"
     flaws: list[str] = field(default_factory=list)  # planted flaws of the scripted policy that applied
     progress: dict[str, Any] = field(default_factory=dict)  # how far the goal got (progress.Progress)
+    served_by: list[str] = field(default_factory=list)  # the models that answered (gen_ai.response.model), first use first
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
