@@ -22,6 +22,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -168,10 +169,19 @@ def render(report: dict[str, Any], command: str) -> str:
     lines += goal_steps_table(report.get("goal_steps") or {})
     lines += ["", "| at | stage |", "|---|---|"]
     for event in report["timeline"]:
-        line = event["line"].replace("|", "\\|")
+        line = stage(event["line"]).replace("|", "\\|")
         lines.append(f"| {event['seconds'] / 60:.1f} min | {line} |")
     lines.append(END)
     return "\n".join(lines)
+
+
+STAGE_WIDTH = 120
+
+
+def stage(line: str) -> str:
+    """A timeline line as the section shows it: what happened, without its details after " — " (the
+    tables above hold the numbers), at most STAGE_WIDTH characters."""
+    return textwrap.shorten(line.partition(" — ")[0], STAGE_WIDTH, placeholder=" …")
 
 
 def goal_steps_table(periods: dict[str, list[dict[str, Any]]]) -> list[str]:

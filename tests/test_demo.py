@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.demo_loop import STAGE_WIDTH, stage
 from examples.demo.settings import layered_settings
 from tests.conftest import REPO, free_port
 
@@ -344,3 +345,11 @@ def test_the_demo_without_the_example_agent_says_where_it_runs(tmp_path: Path) -
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert "tracefix demo runs the example airline agent in the repository's examples/ folder" in done.stderr
     assert "run `make demo` in a clone" in done.stderr
+
+
+def test_the_measured_sections_timeline_names_each_stage_without_the_numbers_its_tables_hold() -> None:
+    assert stage("capability selected: refunds — Δ 1.00, coverage 1.00 (lacking in 100% of failed runs)") == "capability selected: refunds"
+    assert stage("model-driven traffic resumes") == "model-driven traffic resumes"
+    long = "candidate ready: refunds@v1, held-out success 0.69 vs the generalist 0.10; " + "GRPO added +0.02 on the same seeds, " * 5
+    shown = stage(long)
+    assert len(shown) <= STAGE_WIDTH and shown.endswith(" …") and long.startswith(shown[:-2])
