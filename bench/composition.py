@@ -22,10 +22,12 @@ Each arm gets a fresh router, so none inherits another's loaded adapters, caches
 conversations. It prints task success per arm with 95 % Wilson intervals and, paired on the same
 goals (each goal's first conversation per arm), each arm against ``base``, each targeted arm against
 ``generalist`` and ``per_conversation`` against each other arm: the difference with its 95 %
-interval and McNemar's exact p, as markdown (and JSON with ``--json``).
+interval and McNemar's exact p, as markdown (and JSON with ``--json``). With ``--repeats 2`` it
+also pairs each arm's first pass against its second: the bench's own run-to-run noise.
 
     python bench/composition.py --demo .tracefix/bench-demo
     python bench/composition.py --demo .tracefix/bench-demo --arms base,per_conversation,per_request --batches 6
+    python bench/composition.py --demo .tracefix/bench-demo --arms generalist,per_conversation --repeats 2
 """
 
 from __future__ import annotations
@@ -206,6 +208,26 @@ def paired_comparisons(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [comparison for first, second in pairs if (comparison := tally.paired(first, second)) is not None]
 
 
+def pass_agreement(results: list[dict[str, Any]], repeats: int) -> list[dict[str, Any]]:
+    """With `repeats` ≥ 2, each arm's first pass over the panel against its second, paired on the
+    same goals as the arms are: how far one arm's runs disagree with each other (the concurrent
+    conversations share the backend's batches, so even seeded sampling need not repeat itself).
+    A difference between two arms smaller than this is not a difference the bench can see."""
+    if repeats < 2:
+        return []
+    agreement = []
+    for result in results:
+        size = len(result["outcomes"]) // repeats
+        tally = Tally()
+        for index, name in enumerate(("pass 1", "pass 2")):
+            tally.enter(name)
+            for item in result["outcomes"][index * size : (index + 1) * size]:
+                tally.add(item["conversation"], item["success"], goal=item["goal"])
+        if (comparison := tally.paired("pass 1", "pass 2")) is not None:
+            agreement.append({**comparison, "arm": result["arm"], "differ": comparison["after_only"] + comparison["before_only"]})
+    return agreement
+
+
 def best_single(results: list[dict[str, Any]]) -> str | None:
     """The single-adapter arm with the highest task success (the first of equals), if any ran."""
     singles = [result for result in results if result["arm"].startswith(f"{SINGLE}:")]
@@ -250,6 +272,12 @@ def served_table(arms: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def paired_cells(item: dict[str, Any]) -> str:
+    """A paired comparison's successes, difference with its interval, and McNemar's p, as table cells."""
+    low, high = item["interval"]
+    return f"{item['before']} → {item['after']} | {item['difference']:+.2f} [{low:+.2f}, {high:+.2f}] | {item['mcnemar_p']:.3f}"
+
+
 def render(report: dict[str, Any]) -> str:
     lines = [
         "| arm | what serves the model-driven agent | task success on the panel | conversations | seconds |",
@@ -275,12 +303,16 @@ def render(report: dict[str, Any]) -> str:
             "| comparison | goals | successes | difference [95 % CI] | McNemar p |",
             "|---|---|---|---|---|",
         ]
-        for item in report["paired"]:
-            low, high = item["interval"]
-            lines.append(
-                f"| {item['to']} − {item['from']} | {item['goals']} | {item['before']} → {item['after']} "
-                f"| {item['difference']:+.2f} [{low:+.2f}, {high:+.2f}] | {item['mcnemar_p']:.3f} |"
-            )
+        lines += [f"| {item['to']} − {item['from']} | {item['goals']} | {paired_cells(item)} |" for item in report["paired"]]
+    if report.get("passes"):
+        lines += [
+            "",
+            "Each arm against itself, pass 1 against pass 2 on the same goals (what a difference between arms must exceed):",
+            "",
+            "| arm | goals | differ | successes | difference [95 % CI] | McNemar p |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [f"| {item['arm']} | {item['goals']} | {item['differ']} | {paired_cells(item)} |" for item in report["passes"]]
     lines += ["", "Which models answered each arm's conversations:"] + served_table(report["arms"])
     lines += goal_steps_table({arm["arm"]: arm["goal_steps"] for arm in report["arms"]})
     return "\n".join(lines)
@@ -321,6 +353,7 @@ def main() -> None:
         "generalist": served_name(generalist) if generalist else None, "targeted": [served_name(adapter) for adapter in targeted],
         "states": {served_name(adapter): adapter["state"] for adapter in adapters}, "merge": merge,
         "arms": results, "best_single": best_single(results), "paired": paired_comparisons(results),
+        "passes": pass_agreement(results, arguments.repeats),
     }  # fmt: skip
     if arguments.json:
         arguments.json.write_text(json.dumps(report, indent=2))

@@ -21,6 +21,7 @@ from bench.composition import (
     lineup,
     merge_weights,
     paired_comparisons,
+    pass_agreement,
     render,
     served_table,
 )
@@ -318,3 +319,20 @@ def test_the_report_says_which_models_answered_each_arms_conversations_and_how_t
         f"| per_conversation | `{generalist}` then `{adapter}` | 1 | 1 | cancel 1/1 |",
     ]
     assert "Which models answered each arm's conversations:" in render(hand_made())
+
+
+def test_with_two_passes_each_arm_is_paired_with_itself_on_the_same_goals() -> None:
+    goals = ["g0", "g1", "g2", "g3"] * 2
+    # Pass 2 meets g1 where pass 1 did not and misses g3 where pass 1 met it: 2 goals differ.
+    steady = arm("generalist", "generalist.airline@v1", [True, False, False, True] * 2, goals)
+    noisy = arm("per_conversation", "base", [True, False, False, True] + [True, True, False, False], goals)
+    agreement = {item["arm"]: item for item in pass_agreement([steady, noisy], 2)}
+    assert (agreement["generalist"]["differ"], agreement["generalist"]["difference"]) == (0, 0.0)
+    item = agreement["per_conversation"]
+    assert (item["goals"], item["differ"], item["before"], item["after"], item["after_only"], item["before_only"]) == (4, 2, 2, 2, 1, 1)
+    assert item["mcnemar_p"] == round(mcnemar_p(1, 1), 4)
+    assert pass_agreement([steady, noisy], 1) == []  # one pass: nothing to pair
+
+    report = {**hand_made(), "passes": list(agreement.values())}
+    assert "| per_conversation | 4 | 2 | 2 → 2 | +0.00 [" in render(report)
+    assert "pass 1 against pass 2" not in render(hand_made())
