@@ -205,11 +205,12 @@ class Assembler:
             trace_ids, reach_span, reach_log, complete = self.store.pending_traces(
                 span_batch, log_batch, max_traces or self.settings.max_traces_per_pass
             )
-            groups = self.store.trajectory_groups(trace_ids) if trace_ids else {}
-            all_traces = [trace for traces in groups.values() for trace in traces]
-            spans = self.store.spans_of_traces(all_traces)
-            conversations = [trajectory_id for trajectory_id, traces in groups.items() if trajectory_id not in traces]
-            logs = self.store.logs_of_traces(all_traces, conversations)
+            if trace_ids:
+                groups = self.store.trajectory_groups(trace_ids)
+                all_traces = [trace for traces in groups.values() for trace in traces]
+                spans = self.store.spans_of_traces(all_traces)
+                conversations = [trajectory_id for trajectory_id, traces in groups.items() if trajectory_id not in traces]
+                logs = self.store.logs_of_traces(all_traces, conversations)
         if not trace_ids:
             if (reach_span, reach_log) != self.position:
                 self.store.replace_derived(DerivedRows([], [], [], [], [], [], [], []), reach_span, reach_log)

@@ -37,6 +37,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from tracefix.collectors.otlp import Limits, decode_spans, parse_traces_json
+from tracefix.daemon.store.writer import BatchedWriter
+
 from examples.otlp import Agent, Recorder, any_value, chat_attributes, exporter, key_values, tool_attributes
 
 PROTOBUF = {"Content-Type": "application/x-protobuf"}
@@ -224,6 +227,11 @@ def json_traces(spans: Sequence[dict[str, Any]], service_name: str = "json-agent
             }
         ]
     }
+
+
+def commit_json_spans(writer: BatchedWriter, spans: Sequence[dict[str, Any]]) -> None:
+    """Hand-made JSON spans decoded as the receiver decodes them and committed by the real writer."""
+    writer.submit(spans=decode_spans(parse_traces_json(json_traces(spans)), Limits()).columns).result(timeout=10)
 
 
 def json_log(

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tracefix.collectors.otlp import Limits, decode_spans, parse_traces_json
 from tracefix.collectors.trajectories import Assembler
 from tracefix.daemon.core.settings import AssemblerSettings, OutcomeSettings, StoreSettings, WriterSettings
 from tracefix.daemon.store.store import Store
 from tracefix.daemon.store.writer import BatchedWriter
-from tests.otlp_builders import json_span, json_traces, new_span_id, new_trace_id
+from tests.otlp_builders import commit_json_spans, json_span, new_span_id, new_trace_id
 
 
 class RootCommittedMidPass(Store):
@@ -26,13 +25,9 @@ class RootCommittedMidPass(Store):
     def trajectory_groups(self, trace_ids: list[str]) -> dict[str, list[str]]:
         groups = super().trajectory_groups(trace_ids)
         if self.root:
-            commit(self.writer, self.root)
+            commit_json_spans(self.writer, self.root)
             self.root = []
         return groups
-
-
-def commit(writer: BatchedWriter, spans: list[dict]) -> None:
-    writer.submit(spans=decode_spans(parse_traces_json(json_traces(spans)), Limits()).columns).result(timeout=10)
 
 
 def test_a_root_span_committed_during_a_pass_waits_for_the_next_pass_and_its_conversation(tmp_path: Path) -> None:
@@ -45,7 +40,7 @@ def test_a_root_span_committed_during_a_pass_waits_for_the_next_pass_and_its_con
     root = json_span(trace_id, root_id, "invoke_agent", attributes={"gen_ai.conversation.id": "conv-1", "tracefix.outcome": "success"})
     assembler = Assembler(store, AssemblerSettings(), OutcomeSettings(), lambda: writer.committed_batch)
     try:
-        commit(writer, [chat])
+        commit_json_spans(writer, [chat])
         store.root = [root]
         assert assembler.run_pass() == 1
         # The pass saw the trace as it was when it grouped it: the model call alone, no outcome yet.

@@ -8,14 +8,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tracefix.collectors.otlp import Limits, decode_spans, parse_traces_json
 from tracefix.collectors.trajectories import Assembler
 from tracefix.daemon.analysis.analyzer import Analyzer
 from tracefix.daemon.analysis.capabilities import Capability, CapabilityRegistry, Judgement, Label, Trajectory
 from tracefix.daemon.core.settings import AnalysisSettings, AssemblerSettings, OutcomeSettings, StoreSettings, WriterSettings
 from tracefix.daemon.store.store import Store
 from tracefix.daemon.store.writer import BatchedWriter
-from tests.otlp_builders import json_span, json_traces, new_span_id, new_trace_id
+from tests.otlp_builders import commit_json_spans, json_span, new_span_id, new_trace_id
 
 
 @dataclass
@@ -41,7 +40,7 @@ def test_error_labels_are_retried_after_the_interval_and_only_they(tmp_path: Pat
     traces = [new_trace_id() for _ in range(3)]
     for trace_id in traces:
         span = json_span(trace_id, new_span_id(), "invoke_agent", attributes={"tracefix.outcome": "failure"})
-        writer.submit(spans=decode_spans(parse_traces_json(json_traces([span])), Limits()).columns).result(timeout=10)
+        commit_json_spans(writer, [span])
     writer.stop()
     Assembler(store, AssemblerSettings(), OutcomeSettings()).run_until_idle()
     endpoint = FlakyEndpoint()

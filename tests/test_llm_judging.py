@@ -24,7 +24,6 @@ import pytest
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from tracefix.collectors.otlp import Limits, decode_spans, parse_traces_json
 from tracefix.collectors.trajectories import Assembler
 from tracefix.daemon.analysis import llm_client
 from tracefix.daemon.analysis.analyzer import Analyzer
@@ -39,7 +38,7 @@ from tracefix.daemon.store.store import Store
 from tracefix.daemon.store.writer import BatchedWriter
 from examples.traffic import generate, send
 from tests.conftest import REPO, RunningDaemon, make_daemon, wait_for
-from tests.otlp_builders import json_span, json_traces, new_span_id, new_trace_id
+from tests.otlp_builders import commit_json_spans, json_span, new_span_id, new_trace_id
 from tests.test_llm_labeler import FixtureServer
 
 CUSTOM = "keeps_the_user_informed"  # answered by tests/fixtures/llm/judging_keeps_the_user_informed.json
@@ -110,7 +109,7 @@ def commit_and_assemble(store: Store, batches: list[list[dict[str, Any]]]) -> No
     assembler = Assembler(store, AssemblerSettings(), OutcomeSettings(), lambda: writer.committed_batch)
     try:
         for spans in batches:
-            writer.submit(spans=decode_spans(parse_traces_json(json_traces(spans)), Limits()).columns).result(timeout=10)
+            commit_json_spans(writer, spans)
             assembler.run_until_idle()
     finally:
         writer.stop()
