@@ -234,10 +234,12 @@ def test_retention_tells_whether_an_adapter_keeps_the_next_actions_of_the_weight
     call = {"role": "assistant", "content": "", "tool_calls": json.dumps([{"id": "c1", "name": "get_user", "arguments": {"user_id": "U-1"}}])}
     # The conversation scored on: the reference replied in text, as the plain base does.
     replied = [stored_prompt_messages([*opening, assistant_text("Found you.")], TOOLS)]
-    # An adapter trained to call a tool at that turn instead (a tiny model learns to open a call in a few dozen updates).
+    # An adapter trained to call a tool at that turn instead (a tiny model learns to open a call in a hundred-odd updates),
+    # from LoRA weights drawn the same whatever ran before (the trainer seeds only its own steps).
+    torch.manual_seed(0)
     model = get_peft_model(copy.deepcopy(plain), LoraConfig(r=4, target_modules=TARGETS))
     generalist = lora_state(model)  # zero: the plain base
-    config = TrainingSettings(warm_start_epochs=60, warm_start_batch=1, warm_start_learning_rate=5e-2, dtype="float32", threads=1)
+    config = TrainingSettings(warm_start_epochs=120, warm_start_batch=1, warm_start_learning_rate=5e-2, dtype="float32", threads=1)
     supervised(model, tokenizer, [conversation_sequence(tokenizer, stored_prompt_messages([*opening, call], TOOLS), 512)], config, tmp_path / "sft")
     calling = lora_state(model)
     forgot = retention(model, tokenizer, replied, SAMPLING, generalist, 0.05)
@@ -250,3 +252,53 @@ def test_retention_tells_whether_an_adapter_keeps_the_next_actions_of_the_weight
     # And against its generalist with the margin wide enough, a loss is tolerated.
     with adapter_weights(model, calling):
         assert not retention(model, tokenizer, replied, SAMPLING, generalist, 1.0)["forgets"]
+
+
+def _laid_out(tokenizer: Any, conversations: list[list[Message]]) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
+    from tracefix.trainer.conversations import conversation_sequence
+    from tracefix.trainer.next_action import agent_spans
+
+    laid = [conversation_sequence(tokenizer, messages, SAMPLING.max_length) for messages in conversations]
+    return [ids for ids, _ in laid], [agent_spans(mask) for _, mask in laid]
+
+
+def test_agent_spans_are_the_runs_of_the_policy_mask() -> None:
+    from tracefix.trainer.next_action import agent_spans
+
+    assert agent_spans([0, 1, 1, 0, 0, 1, 0, 1]) == [(1, 3), (5, 6), (7, 8)]
+    assert agent_spans([0, 0]) == [] and agent_spans([]) == []
+
+
+def test_a_turn_the_model_writes_as_the_reference_is_read_off_the_teacher_forced_pass_and_one_that_departs_is_decoded_on(
+    plain: Any, adapted: Any, tokenizer: Any
+) -> None:
+    from tracefix.trainer.next_action import forced_turns, next_actions, written_tokens
+
+    conversations = _conversations(plain, tokenizer)
+    sequences, spans = _laid_out(tokenizer, conversations)
+    assert [len(row) for row in spans] == [2, 1]
+    prompts = [sequence[:start] for sequence, row in zip(sequences, spans) for start, _ in row]
+    for model, decoded in ((plain, 2), (adapted, 3)):
+        forced = forced_turns(model, tokenizer, sequences, spans, SAMPLING.max_new_tokens, batch=2)
+        # The same turns, token for token, as decoding each from its prompt.
+        assert [turn for row in forced.turns for turn in row] == written_tokens(model, tokenizer, prompts, SAMPLING.max_new_tokens)
+        # The base writes its first reply again as stored (nothing to decode), not the stored call, and not the second
+        # reply's tokens: stored stripped, that reply lost the space its first token begins with. The noisy adapter departs everywhere.
+        assert forced.decoded == decoded
+        assert next_actions(model, tokenizer, conversations, SAMPLING, batch=2) == next_actions(model, tokenizer, conversations, SAMPLING, forced=False)
+
+
+def test_a_turn_that_departs_mid_way_keeps_the_reference_tokens_before_it_and_stops_at_max_new_tokens(plain: Any, tokenizer: Any) -> None:
+    from tracefix.trainer.next_action import forced_turns, written_tokens
+
+    conversations = _conversations(plain, tokenizer)
+    sequences, spans = _laid_out(tokenizer, conversations)
+    # The base's own first reply with its second token changed: the base agrees on the first, departs at the second.
+    sequence, (start, stop) = sequences[0], spans[0][1]
+    changed = [*sequence[: start + 1], (sequence[start + 1] + 1) % 1000, *sequence[start + 2 :]]
+    for budget in (1, 2, 4):
+        forced = forced_turns(plain, tokenizer, [changed], [[(start, stop)]], budget)
+        (turn,) = forced.turns[0]
+        assert turn == written_tokens(plain, tokenizer, [changed[:start]], budget)[0]
+        assert len(turn) <= budget and turn[0] == changed[start]
+        assert forced.decoded == (1 if budget > 2 else 0)  # within two tokens nothing is left to decode
