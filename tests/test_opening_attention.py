@@ -305,3 +305,34 @@ def test_the_carried_cache_holds_each_row_s_known_tokens_as_a_fresh_prefill_woul
                 torch.testing.assert_close(keys[row][:, attended], alone.keys[0][:, shared:], rtol=1e-4, atol=1e-4)
                 torch.testing.assert_close(values[row][:, attended], alone.values[0][:, shared:], rtol=1e-4, atol=1e-4)
     assert ended_part_way > 0  # some row's last columns were generated after its turn had ended
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cascade_gives_sdpas_attention_and_gradients_under_the_causal_mask(dtype: torch.dtype) -> None:
+    """A training batch's tails after their opening: the two fused passes joined by their
+    log-sum-exps against one SDPA pass over the whole keys, the opening copied per row and the tails
+    causal behind a mask; forward and every input's gradient."""
+    from tracefix.trainer.opening_attention import cascade_attention
+
+    generator = torch.Generator().manual_seed(0)
+    opening, own, rows = 23, 11, 3
+
+    def drawn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator).to(dtype).requires_grad_()
+
+    query, opening_keys, opening_values, own_keys, own_values = drawn(rows, 6, own, 8), drawn(1, 2, opening, 8), drawn(1, 2, opening, 8), drawn(rows, 2, own, 8), drawn(rows, 2, own, 8)
+    upstream = torch.randn(rows, 6, own, 8, generator=generator).to(dtype)
+    inputs = (query, opening_keys, opening_values, own_keys, own_values)
+
+    def gradients(output: torch.Tensor) -> list[torch.Tensor]:
+        return list(torch.autograd.grad(output, inputs, upstream))
+
+    got = cascade_attention(query, Split(opening_keys, own_keys, causal=True), Split(opening_values, own_values, causal=True), 8**-0.5)
+    keys, values = (torch.cat([part.expand(rows, -1, -1, -1), mine], dim=2).repeat_interleave(3, dim=1) for part, mine in ((opening_keys, own_keys), (opening_values, own_values)))
+    mask = torch.ones(own, opening + own, dtype=torch.bool).tril(opening)
+    expected = torch.nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=8**-0.5)
+    tolerance = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 3e-2, "atol": 3e-2}
+    assert got.dtype == dtype and got.shape == expected.shape
+    assert torch.allclose(got.float(), expected.float(), **tolerance)
+    for mine, theirs in zip(gradients(got), gradients(expected), strict=True):
+        assert mine.shape == theirs.shape and torch.allclose(mine.float(), theirs.float(), **tolerance)

@@ -196,3 +196,20 @@ def test_batches_keep_sequences_of_one_opening_together_and_cover_each_once_an_e
     epochs = [list(distinct) for _ in range(3)]
     assert all(sorted(epoch) == list(range(12)) for epoch in epochs)
     assert len({frozenset(frozenset(epoch[start : start + 4]) for start in range(0, 12, 4)) for epoch in epochs}) > 1
+
+
+def test_the_tails_attend_one_opening_by_the_cascade_with_the_loss_and_gradients_of_copying_it(adapted: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracefix.trainer import shared_prefix
+    from tracefix.trainer.opening_attention import TailsCache
+
+    ids, mask, labels = _batch(48, [12, 30, 7])
+    opening = adapted(input_ids=ids[:1, :48], attention_mask=mask[:1, :48], use_cache=True, logits_to_keep=1).cache
+    assert isinstance(shared_prefix.tails_cache(adapted, opening, 3)[0], TailsCache)
+    cascaded = shared_prefix_loss(adapted, ids, mask, labels)
+    expected = _gradients(adapted, cascaded)
+    monkeypatch.setattr(shared_prefix, "CASCADE", False)
+    copied = shared_prefix_loss(adapted, ids, mask, labels)
+    got = _gradients(adapted, copied)
+    assert torch.allclose(cascaded, copied, rtol=1e-5, atol=1e-6)
+    for name in expected:
+        assert torch.allclose(got[name], expected[name], rtol=1e-3, atol=1e-6), name

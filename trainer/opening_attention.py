@@ -38,10 +38,14 @@ NAME = "tracefix_opening"
 @dataclass(slots=True)
 class Split:
     """One layer's keys (or values) as the attention sees them: the opening's, shared by every row,
-    ``[1, kv_heads, opening, dim]``, and the rows' own, ``[rows, kv_heads, own, dim]``."""
+    ``[1, kv_heads, opening, dim]``, and the rows' own, ``[rows, kv_heads, own, dim]``. ``causal``:
+    the queries are the rows' own tokens, right-padded, each attending the whole opening and its
+    row's own tokens up to itself, nothing else masked (a training batch's tails,
+    ``trainer.shared_prefix``)."""
 
     opening: torch.Tensor
     own: torch.Tensor
+    causal: bool = False
 
 
 class _OpeningLayer(DynamicLayer):
@@ -84,6 +88,34 @@ class _OpeningLayer(DynamicLayer):
         return self.opening_keys.shape[-2] + super().get_seq_length()
 
 
+class _TailsLayer(DynamicLayer):
+    """A training batch's cache layer: the opening's keys and values (with their autograd graph),
+    and the tails' own, passed through in one forward pass, never stored."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        super().__init__()
+        self.opening_keys, self.opening_values = keys, values
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = key_states, value_states
+        return Split(self.opening_keys, key_states, causal=True), Split(self.opening_values, value_states, causal=True)
+
+    def get_seq_length(self) -> int:  # the mask and the positions count the opening's columns
+        return self.opening_keys.shape[-2] + super().get_seq_length()
+
+
+class TailsCache(DynamicCache):
+    """The cache a training batch's tails run on after their common opening's forward pass
+    (``trainer.shared_prefix``): the opening's keys and values held once for every row, so the
+    tails attend it by the cascade (``cascade_attention``) instead of a copy per row."""
+
+    def __init__(self, opening: Any) -> None:
+        super().__init__()
+        self.layers = [_TailsLayer(layer.keys, layer.values) for layer in opening.layers]
+
+
 class OpeningCache(DynamicCache):
     """The cache of a batch laid out ``[opening][padding][tail]`` (``trainer.prefix_cache.layout``)
     from the opening's one-row cache (``prefix_cache.prefill``), which it shares and never copies."""
@@ -120,6 +152,8 @@ def _split_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
     length, dim = query.shape[2], query.shape[3]
     scale = scaling if scaling is not None else dim**-0.5
+    if key.causal:
+        return cascade_attention(query, key, value, scale).transpose(1, 2).contiguous(), None
     if attention_mask is None and length > 1:  # SDPA leaves causality to the kernel when nothing else is masked
         columns = key.opening.shape[2] + key.own.shape[2]
         attention_mask = torch.ones(length, columns, dtype=torch.bool, device=query.device).tril(columns - length)[None, None]
@@ -162,6 +196,70 @@ def whole_attention(query: torch.Tensor, key: Split, value: Split, attention_mas
     return torch.nn.functional.scaled_dot_product_attention(
         query, whole_keys, whole_values, attn_mask=attention_mask, scale=scale, enable_gqa=key.opening.shape[1] != heads
     )
+
+
+def cascade_attention(query: torch.Tensor, key: Split, value: Split, scale: float) -> torch.Tensor:
+    """``[rows, heads, q, dim]``: a training batch's tails (``Split.causal``) attending their opening
+    and their own tokens, as two fused-kernel passes joined by their log-sum-exps: all rows'
+    queries against the one opening, unmasked, and each row causally against its own tokens. The
+    tails' own part then costs half its square instead of all of it behind a mask, and the opening
+    is never copied per row. On the CPU (torch's flash kernel returns the log-sum-exp there);
+    elsewhere the opening is copied for every row and SDPA runs under the causal mask."""
+    heads = query.shape[1]
+    opening_keys, opening_values, own_keys, own_values = (
+        tensor.repeat_interleave(heads // tensor.shape[1], dim=1) for tensor in (key.opening, value.opening, key.own, value.own)
+    )
+    if query.device.type == "cpu":
+        return _Cascade.apply(query, opening_keys, opening_values, own_keys, own_values, scale)
+    rows, length, opening = query.shape[0], query.shape[2], opening_keys.shape[2]
+    mask = torch.ones(length, opening + length, dtype=torch.bool, device=query.device).tril(opening)
+    whole_keys, whole_values = (torch.cat([part.expand(rows, -1, -1, -1), own], dim=2) for part, own in ((opening_keys, own_keys), (opening_values, own_values)))
+    return torch.nn.functional.scaled_dot_product_attention(query, whole_keys, whole_values, attn_mask=mask, scale=scale)
+
+
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+class _Cascade(torch.autograd.Function):
+    """The two passes of ``cascade_attention`` and their backward: each part's gradient is its
+    kernel's backward given the joined output and log-sum-exp (as ring attention computes a block's)."""
+
+    @staticmethod
+    def forward(ctx: Any, query: torch.Tensor, opening_keys: torch.Tensor, opening_values: torch.Tensor, own_keys: torch.Tensor, own_values: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]
+        rows, heads, length, dim = query.shape
+        together = _rows_as_queries(query)
+        shared, shared_lse = _FLASH(together, opening_keys, opening_values, 0.0, False, scale=scale)
+        own, own_lse = _FLASH(query, own_keys, own_values, 0.0, True, scale=scale)
+        shared, shared_lse = _queries_as_rows(shared, rows), _queries_as_rows(shared_lse[..., None], rows)[..., 0]
+        lse = torch.logaddexp(shared_lse, own_lse)
+        output = ((shared_lse - lse).exp()[..., None] * shared.float() + (own_lse - lse).exp()[..., None] * own.float()).to(query.dtype)
+        ctx.save_for_backward(query, opening_keys, opening_values, own_keys, own_values, output, lse)
+        ctx.scale = scale
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+        query, opening_keys, opening_values, own_keys, own_values, output, lse = ctx.saved_tensors
+        grad = grad.contiguous()
+        shared_query, shared_keys, shared_values = _FLASH_BACKWARD(
+            _rows_as_queries(grad), _rows_as_queries(query), opening_keys, opening_values, _rows_as_queries(output),
+            _rows_as_queries(lse[..., None])[..., 0], 0.0, False, scale=ctx.scale,
+        )  # fmt: skip
+        own_query, own_keys_grad, own_values_grad = _FLASH_BACKWARD(grad, query, own_keys, own_values, output, lse, 0.0, True, scale=ctx.scale)
+        return _queries_as_rows(shared_query, query.shape[0]) + own_query, shared_keys, shared_values, own_keys_grad, own_values_grad, None
+
+
+def _rows_as_queries(tensor: torch.Tensor) -> torch.Tensor:
+    """``[rows, heads, q, d]`` as one row of ``rows × q`` queries, ``[1, heads, rows·q, d]``."""
+    rows, heads, length, dim = tensor.shape
+    return tensor.transpose(0, 1).reshape(1, heads, rows * length, dim)
+
+
+def _queries_as_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """``_rows_as_queries`` undone."""
+    _, heads, together, dim = tensor.shape
+    return tensor.reshape(heads, rows, together // rows, dim).transpose(0, 1)
 
 
 AttentionInterface.register(NAME, _split_attention)

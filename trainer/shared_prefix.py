@@ -30,6 +30,7 @@ from trl import SFTTrainer
 from tracefix.trainer.output_layer import scored_logits
 
 MIN_PREFIX = 16  # below this many shared tokens the plain forward pass is as cheap
+CASCADE = True  # the tails attend the one opening by the cascade; off only to measure it (the opening then repeated per row)
 
 
 def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> int:
@@ -78,21 +79,37 @@ def shared_prefix_loss(
         # prediction of each row's first labelled token keeps its gradient.
         start = prefix - 1
         with torch.no_grad():
-            cache = model(input_ids=input_ids[:1, :start], attention_mask=attention_mask[:1, :start], use_cache=True, logits_to_keep=1).cache
-        cache.batch_repeat_interleave(rows)
+            opening = model(input_ids=input_ids[:1, :start], attention_mask=attention_mask[:1, :start], use_cache=True, logits_to_keep=1).cache
+        cache, attending = tails_cache(model, opening, rows)
         positions = torch.arange(start, width, device=input_ids.device).unsqueeze(0).expand(rows, -1)
         tails = {"input_ids": input_ids[:, start:], "attention_mask": attention_mask, "cache": cache, "position_ids": positions, "use_cache": True}
-        return _scored_loss(model, None, tails, labels[:, prefix:], num_items)
+        with attending:
+            return _scored_loss(model, None, tails, labels[:, prefix:], num_items)
     if rows == 1 or prefix < MIN_PREFIX:
         return _scored_loss(model, None, {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}, labels[:, 1:], num_items)
     # Only the prefix's last position is scored: its other logits would cost the vocabulary × prefix.
     opening = model(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True, logits_to_keep=1)
-    cache = opening.cache
-    cache.batch_repeat_interleave(rows)  # every row attends to the one prefix (autograd sums their gradients)
+    # Every row attends to the one prefix (autograd sums their gradients): held once, attended by the cascade.
+    cache, attending = tails_cache(model, opening.cache, rows)
     positions = torch.arange(prefix, width, device=input_ids.device).unsqueeze(0).expand(rows, -1)
     tails = {"input_ids": input_ids[:, prefix:], "attention_mask": attention_mask, "cache": cache, "position_ids": positions, "use_cache": True}
     # The prefix's last position predicts each row's first tail token; the tails predict the rest.
-    return _scored_loss(model, opening.logits[:, -1].expand(rows, -1), tails, labels[:, prefix:], num_items)
+    with attending:
+        return _scored_loss(model, opening.logits[:, -1].expand(rows, -1), tails, labels[:, prefix:], num_items)
+
+
+def tails_cache(model: Any, opening: Any, rows: int) -> tuple[Any, Any]:
+    """The cache the tails run on after ``opening`` (its one-row cache) and the context to run them
+    in: the opening held once and attended by ``opening_attention.cascade_attention`` where the
+    model allows it (``CASCADE``), else repeated for every row under plain SDPA."""
+    from contextlib import nullcontext
+
+    from tracefix.trainer.opening_attention import TailsCache, opening_attention, shareable
+
+    if CASCADE and shareable(opening):
+        return TailsCache(opening), opening_attention(model)
+    opening.batch_repeat_interleave(rows)
+    return opening, nullcontext()
 
 
 OPENING_KEY = 64  # sequences whose first this many tokens agree share an opening, for batching
