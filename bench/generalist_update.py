@@ -1,0 +1,81 @@
+"""One generalist warm-start update (two stored conversations, their common opening run once), the
+tails attending that opening by the cascade (trainer/opening_attention.py, ``cascade_attention``)
+against the opening's cache copied for every row behind a causal mask, interleaved in one process:
+
+    python bench/generalist_update.py --run <data>/runs/run-1 --repeats 5
+
+``--run`` is a generalist training run's directory (its ``conversations.json`` and ``request.json``);
+the update trains on its first two conversations. Prints each way's seconds per update (forward and
+backward) and their median ratio, the two losses, and how far the LoRA gradients differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tracefix.daemon.core.settings import TrainingSettings  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", type=Path, required=True, help="a generalist run's directory")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cache", type=Path, default=Path(".tracefix/models"), help="the converted model cache")
+    arguments = parser.parse_args()
+
+    import torch
+
+    from tracefix.trainer import model as models
+    from tracefix.trainer import shared_prefix
+    from tracefix.trainer.conversations import conversation_sequence, read_conversations
+    from tracefix.trainer.recipes import load_policy
+
+    request = json.loads((arguments.run / "request.json").read_text())
+    config = TrainingSettings.model_validate(request["training"])
+    model, tokenizer = load_policy(models.resolve(request["model"]["name"], arguments.cache), config)
+    train, _ = read_conversations(arguments.run / "conversations.json")
+    sequences = [conversation_sequence(tokenizer, messages, config.max_length) for messages in train[:2]]
+    width = max(len(ids) for ids, _ in sequences)
+    input_ids = torch.full((len(sequences), width), tokenizer.pad_token_id)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    labels = torch.full((len(sequences), width), -100)
+    for row, (ids, policy) in enumerate(sequences):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        mask[row, : len(ids)] = 1
+        labels[row, : len(ids)] = torch.where(torch.tensor(policy) == 1, torch.tensor(ids), -100)
+    print(f"conversations of {[len(ids) for ids, _ in sequences]} tokens, opening {shared_prefix.shared_prefix_length(input_ids, mask, labels)}; "
+          f"{torch.get_num_threads()} threads, {next(model.parameters()).dtype}")  # fmt: skip
+
+    def update() -> tuple[float, dict[str, torch.Tensor]]:
+        loss = shared_prefix.shared_prefix_loss(model, input_ids, mask, labels)
+        loss.backward()
+        gradients = {name: parameter.grad.clone() for name, parameter in model.named_parameters() if parameter.requires_grad}
+        model.zero_grad(set_to_none=True)
+        return loss.item(), gradients
+
+    update()  # warm-up
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    results = {}
+    for _ in range(arguments.repeats):
+        for cascade in (True, False):
+            shared_prefix.CASCADE = cascade
+            started = time.perf_counter()
+            results[cascade] = update()
+            seconds[cascade].append(time.perf_counter() - started)
+    cascaded, copied = statistics.median(seconds[True]), statistics.median(seconds[False])
+    ours, theirs = results[True][1], results[False][1]
+    largest = max((ours[name] - theirs[name]).abs().max().item() for name in ours)
+    print(f"cascade {cascaded:.2f} s {[round(value, 2) for value in seconds[True]]}; copied {copied:.2f} s {[round(value, 2) for value in seconds[False]]}; "
+          f"{copied / cascaded:.2f}×")  # fmt: skip
+    print(f"loss {results[True][0]:.7f} and {results[False][0]:.7f}; LoRA gradients differ by at most {largest:.2g}")
+
+
+if __name__ == "__main__":
+    main()
