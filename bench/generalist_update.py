@@ -12,7 +12,6 @@ backward) and their median ratio, the two losses, and how far the LoRA gradients
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -20,27 +19,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tracefix.daemon.core.settings import TrainingSettings  # noqa: E402
+from bench import generalist_run  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=Path, required=True, help="a generalist run's directory")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--cache", type=Path, default=Path(".tracefix/models"), help="the converted model cache")
+    generalist_run.add_arguments(parser, repeats=5)
     arguments = parser.parse_args()
 
     import torch
 
-    from tracefix.trainer import model as models
     from tracefix.trainer import shared_prefix
-    from tracefix.trainer.conversations import conversation_sequence, read_conversations
-    from tracefix.trainer.recipes import load_policy
+    from tracefix.trainer.conversations import conversation_sequence
 
-    request = json.loads((arguments.run / "request.json").read_text())
-    config = TrainingSettings.model_validate(request["training"])
-    model, tokenizer = load_policy(models.resolve(request["model"]["name"], arguments.cache), config)
-    train, _ = read_conversations(arguments.run / "conversations.json")
+    config, model, tokenizer, train, _ = generalist_run.load(arguments)
     sequences = [conversation_sequence(tokenizer, messages, config.max_length) for messages in train[:2]]
     width = max(len(ids) for ids, _ in sequences)
     input_ids = torch.full((len(sequences), width), tokenizer.pad_token_id)

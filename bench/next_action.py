@@ -23,31 +23,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tracefix.daemon.core.settings import TrainingSettings  # noqa: E402
+from bench import generalist_run  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run", type=Path, required=True, help="a generalist run's directory")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--cache", type=Path, default=Path(".tracefix/models"), help="the converted model cache")
+    generalist_run.add_arguments(parser, repeats=3)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     arguments = parser.parse_args()
 
     import torch
 
-    from tracefix.trainer import model as models
-    from tracefix.trainer.conversations import conversation_sequence, read_conversations
+    from tracefix.trainer.conversations import conversation_sequence
     from tracefix.trainer.next_action import agent_spans, forced_turns, next_actions
-    from tracefix.trainer.recipes import load_policy
     from tracefix.trainer.rollouts import Sampling
 
-    request = json.loads((arguments.run / "request.json").read_text())
-    config = TrainingSettings.model_validate(request["training"])
-    model, tokenizer = load_policy(models.resolve(request["model"]["name"], arguments.cache), config)
+    config, model, tokenizer, _, held_out = generalist_run.load(arguments)
     model.load_adapter(str(arguments.run / "adapter"), adapter_name="trained")
     model.set_adapter("trained")
-    _, held_out = read_conversations(arguments.run / "conversations.json")
     sampling = Sampling(config.new_tokens, 0.0, max_length=config.max_length)
     laid = [conversation_sequence(tokenizer, messages, config.max_length) for messages in held_out]
     sequences, spans = [ids for ids, _ in laid], [agent_spans(mask) for _, mask in laid]

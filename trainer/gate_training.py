@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from tracefix.trainer.environment import Message
+from tracefix.trainer.prefix_cache import evaluating, pad_id
 from tracefix.trainer.rollouts import ChatTokens
 
 if TYPE_CHECKING:
@@ -120,15 +121,13 @@ def train_gate(
     assert not any(parameter.requires_grad for parameter in gated.model.parameters()), "the model must stay frozen"
 
     device = parameters[0].device
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = pad_id(tokenizer)
     optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=0.0)
     order = random.Random(seed)
     queue: list[GateExample] = []
     history: list[dict[str, float]] = []
     started = time.monotonic()
-    was_training = gated.model.training
-    gated.model.eval()  # the model runs as it serves (no dropout); only the gates change
-    try:
+    with evaluating(gated.model):  # the model runs as it serves (no dropout); only the gates change
         for _ in range(steps):
             batch = []
             while len(batch) < min(batch_size, len(usable)):
@@ -141,8 +140,6 @@ def train_gate(
             loss.backward()
             optimizer.step()
             history.append({"loss": loss.item(), **parts})
-    finally:
-        gated.model.train(was_training)
     first, last = history[0] if history else {}, history[-1] if history else {}
     return {
         "steps": steps,

@@ -23,16 +23,16 @@ from __future__ import annotations
 import copy
 import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from statistics import fmean
 from typing import Any, Literal
 
 from tracefix.daemon.core.intervals import mcnemar_p, paired_difference, wilson
 from tracefix.trainer.environment import Message, assistant_text, parse_assistant
-from tracefix.trainer.prefix_cache import MIN_PREFIX, common_prefix, layout, prefill
 from tracefix.trainer.conversations import conversation_sequence
+from tracefix.trainer.prefix_cache import MIN_PREFIX, common_prefix, evaluating, layout, pad_id, prefill
 from tracefix.trainer.rollouts import ChatTokens, Sampling
 
 BATCH = 16  # prompts per decode pass
@@ -157,17 +157,6 @@ def _text(tokenizer: Any, turn: Sequence[int]) -> str:
     return tokenizer.decode(list(turn), skip_special_tokens=True).strip()
 
 
-@contextmanager
-def _evaluating(model: Any) -> Iterator[None]:
-    """``model`` in eval mode within, in the mode it came in after."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
-
-
 def written_tokens(model: Any, tokenizer: Any, prompts: Sequence[list[int] | None], max_new_tokens: int, batch: int = BATCH) -> list[list[int] | None]:
     """``written``'s turns as token ids, through the end token where the turn wrote one."""
     from tracefix.trainer.decode import decode
@@ -180,11 +169,11 @@ def written_tokens(model: Any, tokenizer: Any, prompts: Sequence[list[int] | Non
     shared = common_prefix([prompts[index] or [] for index in order])
     opening = (prompts[order[0]] or [])[:shared] if shared >= MIN_PREFIX else []
     device = next(model.parameters()).device
-    with _evaluating(model):
+    with evaluating(model):
         opening_cache = prefill(model, opening) if opening else None
         for start in range(0, len(order), batch):
             rows = order[start : start + batch]
-            input_ids, mask = layout(opening, [(prompts[index] or [])[len(opening) :] for index in rows], _pad(tokenizer))
+            input_ids, mask = layout(opening, [(prompts[index] or [])[len(opening) :] for index in rows], pad_id(tokenizer))
             cache, attending = rows_cache(model, opening_cache, len(rows)) if opening_cache is not None else (None, nullcontext())
             with attending:
                 decoded = decode(
@@ -193,10 +182,6 @@ def written_tokens(model: Any, tokenizer: Any, prompts: Sequence[list[int] | Non
             for index, turn in zip(rows, decoded.turns, strict=True):
                 turns[index] = turn
     return turns
-
-
-def _pad(tokenizer: Any) -> int:
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
 def agent_spans(mask: Sequence[int]) -> list[tuple[int, int]]:
@@ -256,7 +241,7 @@ def forced_turns(
         return found
     shared = min(common_prefix([sequence for sequence, row in zip(sequences, spans) if row]), min(firsts) - 1)
     opening = list(sequences[next(index for index, row in enumerate(spans) if row)][: max(shared, 0)])
-    with _evaluating(model):
+    with evaluating(model):
         opening_cache = prefill(model, opening) if opening else None
         if opening_cache is None or not shareable(opening_cache):
             prompts = [list(sequence[:start]) for sequence, row in zip(sequences, spans) for start, _ in row]
@@ -307,8 +292,8 @@ def _decode_departed(model: Any, tokenizer: Any, opening: list[int], opening_cac
 
     width = max(item.keys[0][0].shape[1] for item in departed)
     # Each row's tail: its own columns (cached already: only the mask reads them) and the departing token, fed first.
-    tails = [[_pad(tokenizer)] * item.keys[0][0].shape[1] + [item.written[-1]] for item in departed]
-    input_ids, mask = layout(opening, tails, _pad(tokenizer))
+    tails = [[pad_id(tokenizer)] * item.keys[0][0].shape[1] + [item.written[-1]] for item in departed]
+    input_ids, mask = layout(opening, tails, pad_id(tokenizer))
     cache = OpeningCache(opening_cache)
     for layer, own in zip(cache.layers, zip(*(item.keys for item in departed), strict=True), strict=True):
         keys, values = (torch.stack([_left_padded(part[side], width) for part in own]) for side in (0, 1))

@@ -88,22 +88,15 @@ class _OpeningLayer(DynamicLayer):
         return self.opening_keys.shape[-2] + super().get_seq_length()
 
 
-class _TailsLayer(DynamicLayer):
+class _TailsLayer(_OpeningLayer):
     """A training batch's cache layer: the opening's keys and values (with their autograd graph),
-    and the tails' own, passed through in one forward pass, never stored."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        super().__init__()
-        self.opening_keys, self.opening_values = keys, values
+    and the tails' own, passed through in one forward pass, never stored in a buffer."""
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.keys, self.values = key_states, value_states
         return Split(self.opening_keys, key_states, causal=True), Split(self.opening_values, value_states, causal=True)
-
-    def get_seq_length(self) -> int:  # the mask and the positions count the opening's columns
-        return self.opening_keys.shape[-2] + super().get_seq_length()
 
 
 class TailsCache(DynamicCache):
@@ -205,16 +198,15 @@ def cascade_attention(query: torch.Tensor, key: Split, value: Split, scale: floa
     tails' own part then costs half its square instead of all of it behind a mask, and the opening
     is never copied per row. On the CPU (torch's flash kernel returns the log-sum-exp there);
     elsewhere the opening is copied for every row and SDPA runs under the causal mask."""
+    if query.device.type != "cpu":
+        length, opening = query.shape[2], key.opening.shape[2]
+        causal = torch.ones(length, opening + length, dtype=torch.bool, device=query.device).tril(opening)
+        return whole_attention(query, key, value, causal, scale)
     heads = query.shape[1]
     opening_keys, opening_values, own_keys, own_values = (
         tensor.repeat_interleave(heads // tensor.shape[1], dim=1) for tensor in (key.opening, value.opening, key.own, value.own)
     )
-    if query.device.type == "cpu":
-        return _Cascade.apply(query, opening_keys, opening_values, own_keys, own_values, scale)
-    rows, length, opening = query.shape[0], query.shape[2], opening_keys.shape[2]
-    mask = torch.ones(length, opening + length, dtype=torch.bool, device=query.device).tril(opening)
-    whole_keys, whole_values = (torch.cat([part.expand(rows, -1, -1, -1), own], dim=2) for part, own in ((opening_keys, own_keys), (opening_values, own_values)))
-    return torch.nn.functional.scaled_dot_product_attention(query, whole_keys, whole_values, attn_mask=mask, scale=scale)
+    return _Cascade.apply(query, opening_keys, opening_values, own_keys, own_values, scale)
 
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -227,9 +219,8 @@ class _Cascade(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, query: torch.Tensor, opening_keys: torch.Tensor, opening_values: torch.Tensor, own_keys: torch.Tensor, own_values: torch.Tensor, scale: float) -> torch.Tensor:  # type: ignore[override]
-        rows, heads, length, dim = query.shape
-        together = _rows_as_queries(query)
-        shared, shared_lse = _FLASH(together, opening_keys, opening_values, 0.0, False, scale=scale)
+        rows = query.shape[0]
+        shared, shared_lse = _FLASH(_rows_as_queries(query), opening_keys, opening_values, 0.0, False, scale=scale)
         own, own_lse = _FLASH(query, own_keys, own_values, 0.0, True, scale=scale)
         shared, shared_lse = _queries_as_rows(shared, rows), _queries_as_rows(shared_lse[..., None], rows)[..., 0]
         lse = torch.logaddexp(shared_lse, own_lse)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,22 @@ def prefill(model: Any, ids: Sequence[int], **model_arguments: Any) -> Any:
         device = next(model.parameters()).device
         output = model(input_ids=torch.tensor([list(ids)], device=device), use_cache=True, logits_to_keep=1, **model_arguments)
     return output.cache
+
+
+def pad_id(tokenizer: Any) -> int:
+    """The token that pads a batch's rows: the tokenizer's pad token, else its end-of-sequence token."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+@contextmanager
+def evaluating(model: Any) -> Iterator[None]:
+    """``model`` in eval mode within (no dropout: it runs as it serves), in the mode it came in after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 def layout(prefix: Sequence[int], tails: Sequence[Sequence[int]], pad: int) -> tuple[Any, Any]:

@@ -29,7 +29,7 @@ from typing import Any
 
 from tracefix.trainer.decode import decode
 from tracefix.trainer.environment import Instance, Message, Rollout
-from tracefix.trainer.prefix_cache import MIN_PREFIX, common_prefix, layout, prefill
+from tracefix.trainer.prefix_cache import MIN_PREFIX, common_prefix, evaluating, layout, pad_id, prefill
 
 CARRY_TURNS = True  # a batch's cache carried from turn to turn (``_generate``); off only to measure it
 
@@ -155,34 +155,32 @@ def generate_rollouts(
         episodes.append(_Episode(instance, messages, [False] * len(messages), context, prompt_ids, hinted=with_hint_text, forced=forced, greedy=argmax))
     forced_tokens = [sum(len(turn) for turn in episode.forced) for episode in episodes]
     generator_state = torch.random.get_rng_state()
-    was_training = model.training
-    model.eval()
-    try:
-        # The episodes' common opening (instructions, tools) is prefilled once for all their turns:
-        # contexts only grow, so it stays the prefix of every one.
-        opening: list[int] = []
-        opening_cache = None
-        if len(episodes) > 1 and (shared := common_prefix([episode.context for episode in episodes])) >= MIN_PREFIX:
-            opening = episodes[0].context[:shared]
-            opening_cache = prefill(model, opening)
-        turn = 0
-        carried: _Carried | None = None
-        while live := [episode for episode in episodes if not episode.done]:
-            torch.manual_seed(seed * 7919 + turn)
-            starts = [episode.forced.pop(0) if episode.forced else [] for episode in live]
-            whole = [bool(start) and start[-1] == chat.end_of_turn for start in starts]  # a forced turn needs no sampling
-            sampling_rows = [index for index, done in enumerate(whole) if not done]
-            sampled: dict[int, list[int]] = {index: starts[index] for index, done in enumerate(whole) if done}
-            if sampling_rows:
-                rows = [live[index] for index in sampling_rows]
-                turns, carried = _generate(model, tokenizer, rows, sampling, opening, opening_cache, [starts[index] for index in sampling_rows], carried)
-                sampled.update({index: starts[index] + ids for index, ids in zip(sampling_rows, turns, strict=True)})
-            for index, episode in enumerate(live):
-                _advance(chat, episode, sampled[index], sampling)
-            turn += 1
-    finally:
-        torch.random.set_rng_state(generator_state)
-        model.train(was_training)
+    with evaluating(model):
+        try:
+            # The episodes' common opening (instructions, tools) is prefilled once for all their turns:
+            # contexts only grow, so it stays the prefix of every one.
+            opening: list[int] = []
+            opening_cache = None
+            if len(episodes) > 1 and (shared := common_prefix([episode.context for episode in episodes])) >= MIN_PREFIX:
+                opening = episodes[0].context[:shared]
+                opening_cache = prefill(model, opening)
+            turn = 0
+            carried: _Carried | None = None
+            while live := [episode for episode in episodes if not episode.done]:
+                torch.manual_seed(seed * 7919 + turn)
+                starts = [episode.forced.pop(0) if episode.forced else [] for episode in live]
+                whole = [bool(start) and start[-1] == chat.end_of_turn for start in starts]  # a forced turn needs no sampling
+                sampling_rows = [index for index, done in enumerate(whole) if not done]
+                sampled: dict[int, list[int]] = {index: starts[index] for index, done in enumerate(whole) if done}
+                if sampling_rows:
+                    rows = [live[index] for index in sampling_rows]
+                    turns, carried = _generate(model, tokenizer, rows, sampling, opening, opening_cache, [starts[index] for index in sampling_rows], carried)
+                    sampled.update({index: starts[index] + ids for index, ids in zip(sampling_rows, turns, strict=True)})
+                for index, episode in enumerate(live):
+                    _advance(chat, episode, sampled[index], sampling)
+                turn += 1
+        finally:
+            torch.random.set_rng_state(generator_state)
     return [
         TokenRollout(
             Rollout(episode.messages, episode.from_policy, episode.instance.reward(), episode.instance.success(), list(episode.instance.events)),
@@ -289,7 +287,7 @@ def _generate(
 
     from tracefix.trainer import opening_attention
 
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = pad_id(tokenizer)
     starts = starts or [[] for _ in episodes]
     device = next(model.parameters()).device  # the first GPU when training there
     cache: Any = None
