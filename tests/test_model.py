@@ -84,3 +84,34 @@ def test_the_embedded_smollm2_is_converted_once_and_then_loads_fast(tmp_path: Pa
     (played,) = generate_rollouts(network, tokenizer, [Environment(family, TOOLS).instance(0)], Sampling(16, temperature=0.0, max_turns=1))
     answer = next(message for message, own in zip(played.rollout.messages, played.rollout.from_policy, strict=True) if own)
     assert answer["content"]
+
+
+
+def _head_products(head: object, hidden: torch.Tensor) -> tuple[torch.Tensor, list[str]]:
+    """The output layer's logits of ``hidden`` and the products its weight took part in."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as run:
+        logits = head(hidden)  # type: ignore[operator]
+    return logits, [event.name for event in run.events() if event.name in ("aten::mm", "aten::bmm")]
+
+
+def test_the_output_layer_multiplies_a_sliced_last_position_once(tiny: tuple[object, object]) -> None:
+    """A prefill that keeps only the last logits slices the last position out of the hidden states.
+    With the output layer frozen (a LoRA run's base, a served model) torch multiplies such a slice
+    row by row, each against a copy of the whole layer (a bmm over the weight expanded per row). A
+    loaded model's output layer makes it one product, with the same logits."""
+    network, _ = tiny
+    head = network.get_output_embeddings()  # type: ignore[attr-defined]
+    hidden = torch.randn(3, 12, head.in_features)[:, -1:, :]
+    plain = torch.nn.Linear(head.in_features, head.out_features, bias=False)
+    plain.weight = torch.nn.Parameter(head.weight.detach(), requires_grad=False)
+    expected, plain_products = _head_products(plain, hidden)
+    assert plain_products == ["aten::bmm"]  # what the loaded model avoids
+    head.weight.requires_grad_(False)
+    try:
+        logits, products = _head_products(head, hidden)
+    finally:
+        head.weight.requires_grad_(True)
+    assert products == ["aten::mm"]
+    torch.testing.assert_close(logits, expected)

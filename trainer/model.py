@@ -104,12 +104,14 @@ def load(model: str, cache_dir: Path, dtype: str = "float32") -> tuple[Any, Any]
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tracefix.trainer import precision
+    from tracefix.trainer.output_layer import contiguous_head_input
 
     path = resolve(model, cache_dir)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     network = AutoModelForCausalLM.from_pretrained(path, dtype=precision.torch_dtype(precision.resolve(dtype, "cpu")))
+    contiguous_head_input(network)
     network.eval()
     return network, tokenizer
 
