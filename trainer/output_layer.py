@@ -40,9 +40,9 @@ def contiguous_head_input(model: Any) -> Any:
     matmul folds a [rows, k, hidden] input into one product where its leading dimensions are
     contiguous or the weight takes a gradient; a frozen output layer (a LoRA run's base, a served
     model) given a slice of a longer sequence gets neither, so it multiplies row by row against the
-    weight expanded to [rows, hidden, vocab], a copy of the whole output layer per row (906 MB for 16 rows
-    of SmolLM2-135M in bfloat16: 2.2 s of a 10 s held-out evaluation, docs/performance.md). Copying
-    the slice (rows × k × hidden) first makes it the one product it is."""
+    weight expanded to [rows, hidden, vocab], a copy of the whole output layer per row (906 MB for
+    16 rows of SmolLM2-135M in bfloat16: 2.2 s of a profiled 16-seed evaluation,
+    docs/performance.md). Copying the slice (rows × k × hidden) first makes it the one product it is."""
     head = model.get_output_embeddings()
     return head.register_forward_pre_hook(lambda _module, args: (args[0].contiguous(), *args[1:]))
 
