@@ -75,6 +75,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
         hint_share=arguments.hint_share,
         save_steps=10_000,
         threads=arguments.threads,
+        dtype=arguments.dtype,
     )
     output = Path(arguments.output)
     started = time.monotonic()
@@ -147,6 +148,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--eval-seeds", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="the base model's dtype ([training] dtype)")
     parser.add_argument("--baseline", action="store_true", help="also spend the same rollouts on plain GRPO over all environments")
     arguments = parser.parse_args()
     import shutil
