@@ -29,19 +29,13 @@ def main() -> None:
 
     import torch
 
+    from bench.airline_model import collate
     from tracefix.trainer import shared_prefix
     from tracefix.trainer.conversations import conversation_sequence
 
     config, model, tokenizer, train, _ = generalist_run.load(arguments)
     sequences = [conversation_sequence(tokenizer, messages, config.max_length) for messages in train[:2]]
-    width = max(len(ids) for ids, _ in sequences)
-    input_ids = torch.full((len(sequences), width), tokenizer.pad_token_id)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    labels = torch.full((len(sequences), width), -100)
-    for row, (ids, policy) in enumerate(sequences):
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        mask[row, : len(ids)] = 1
-        labels[row, : len(ids)] = torch.where(torch.tensor(policy) == 1, torch.tensor(ids), -100)
+    input_ids, mask, labels = collate(sequences)
     print(f"conversations of {[len(ids) for ids, _ in sequences]} tokens, opening {shared_prefix.shared_prefix_length(input_ids, mask, labels)}; "
           f"{torch.get_num_threads()} threads, {next(model.parameters()).dtype}")  # fmt: skip
 

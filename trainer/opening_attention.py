@@ -202,11 +202,8 @@ def cascade_attention(query: torch.Tensor, key: Split, value: Split, scale: floa
         length, opening = query.shape[2], key.opening.shape[2]
         causal = torch.ones(length, opening + length, dtype=torch.bool, device=query.device).tril(opening)
         return whole_attention(query, key, value, causal, scale)
-    heads = query.shape[1]
-    opening_keys, opening_values, own_keys, own_values = (
-        tensor.repeat_interleave(heads // tensor.shape[1], dim=1) for tensor in (key.opening, value.opening, key.own, value.own)
-    )
-    return _Cascade.apply(query, opening_keys, opening_values, own_keys, own_values, scale)
+    # The CPU kernel groups query heads over fewer key/value heads itself (and sums their gradients).
+    return _Cascade.apply(query, key.opening, value.opening, key.own, value.own, scale)
 
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
