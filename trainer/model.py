@@ -100,11 +100,14 @@ def training_device(preference: str) -> str:
 
 def load(model: str, cache_dir: Path, dtype: str = "float32") -> tuple[Any, Any]:
     """(model, tokenizer), on the CPU in eval mode, its weights in ``dtype`` (a ``[model] dtype``
-    setting: "auto" is bfloat16 where the CPU multiplies it natively, ``trainer.precision``)."""
+    setting: "auto" is bfloat16 where the CPU multiplies it natively, ``trainer.precision``); its
+    bfloat16 linear layers multiply from packed weights where no gradient flows
+    (``trainer.packed_linear``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tracefix.trainer import precision
     from tracefix.trainer.output_layer import contiguous_head_input
+    from tracefix.trainer.packed_linear import pack_linears
 
     path = resolve(model, cache_dir)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -112,6 +115,7 @@ def load(model: str, cache_dir: Path, dtype: str = "float32") -> tuple[Any, Any]
         tokenizer.pad_token = tokenizer.eos_token
     network = AutoModelForCausalLM.from_pretrained(path, dtype=precision.torch_dtype(precision.resolve(dtype, "cpu")))
     contiguous_head_input(network)
+    pack_linears(network)
     network.eval()
     return network, tokenizer
 

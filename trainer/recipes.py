@@ -39,6 +39,7 @@ from tracefix.trainer.environment import Environment, Message
 from tracefix.trainer.grpo import grpo, latest_checkpoint, lora_state, validation_rank
 from tracefix.trainer.model import training_device
 from tracefix.trainer.output_layer import contiguous_head_input
+from tracefix.trainer.packed_linear import pack_linears
 from tracefix.trainer.rollouts import Sampling, demonstration
 
 Progress = Callable[[dict[str, Any]], None]
@@ -85,6 +86,7 @@ def load_policy(model_dir: Path, config: TrainingSettings, starts_from: Path | N
     dtype = precision.torch_dtype(precision.resolve(config.dtype, device))
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
     contiguous_head_input(base)
+    pack_linears(base)
     if starts_from is None:
         return get_peft_model(base, lora_config(config)), tokenizer
     from peft import PeftConfig, PeftModel
