@@ -28,12 +28,15 @@ uses it alike, so a completion is scored as it is served.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 from torch import nn
 
-PACKED = True  # off only to measure it: the plain per-call product everywhere
+# Off only to measure it (the plain per-call product everywhere); the environment variable reaches
+# the processes a bench starts (``bench/throughput.py --unpacked``).
+PACKED = os.environ.get("TRACEFIX_PACKED_LINEAR", "1") != "0"
 _ROWS_HINT = 16  # the rows oneDNN picks its blocking for; any number of rows multiplies correctly
 
 
