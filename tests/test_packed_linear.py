@@ -4,6 +4,7 @@ when the weight changes, and installed on every model the loop loads."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,20 @@ def test_a_weight_changed_in_place_or_replaced_is_packed_again() -> None:
         unchanged = layer._packed
         layer(inputs)
         assert layer._packed is unchanged  # packed once while the weight stays
+
+
+def test_a_packed_layer_copies_and_saves_without_its_packed_weight(tmp_path: Path) -> None:
+    layer = _layer()
+    inputs = torch.randn(4, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer(inputs)
+        copied = copy.deepcopy(layer)
+        assert copied._packed is None and layer._packed is not None
+        torch.save(layer, tmp_path / "layer.pt")
+        loaded = torch.load(tmp_path / "layer.pt", weights_only=False)
+        for other in (copied, loaded):
+            torch.testing.assert_close(other(inputs), functional.linear(inputs, layer.weight, layer.bias), **TOLERANCE)
+            assert other._packed is not None and other._packed_of[0] is other.weight
 
 
 def test_float32_and_a_switched_off_packing_keep_the_plain_product(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -68,6 +68,14 @@ class PackedLinear(nn.Linear):
         output = torch.ops.mkldnn._linear_pointwise(rows, self._packed, bias, "none", [], "")
         return output.reshape(*leading, output.shape[-1])
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The packed copy is a cache that oneDNN's opaque tensors cannot copy or pickle: a deep
+        # copy or a saved module leaves it out and packs its own weight at its first use.
+        state = dict(super().__getstate__())
+        state.pop("_packed", None)
+        state.pop("_packed_of", None)
+        return state
+
 
 def pack_linears(model: nn.Module) -> int:
     """Make each plain ``nn.Linear`` under ``model`` a ``PackedLinear``, in place; returns how many
