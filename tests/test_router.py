@@ -39,7 +39,6 @@ from tests.conftest import REPO, free_port, serving_router, wait_for  # noqa: E4
 from tests.lora_support import TARGETS, make_adapter  # noqa: E402
 from tracefix.trainer import model as models  # noqa: E402
 from tracefix.trainer import precision  # noqa: E402
-from tracefix.trainer.packed_linear import pack_linears  # noqa: E402
 from tracefix.trainer.environment import Tool, render_system_prompt  # noqa: E402
 
 TOKEN = "router-test-token"
@@ -455,10 +454,10 @@ def test_the_classifier_picks_the_label_with_the_highest_base_logit(router: Rout
     label_ids = [router.tokenizer(label, add_special_tokens=False)["input_ids"][0] for label, _ in options]
     label_ids.append(router.tokenizer("base", add_special_tokens=False)["input_ids"][0])
     # A copy independent of the router's, in the dtype it serves in (bfloat16 where the CPU has it),
-    # its products packed as the router's are: some of the labels' logits are near ties.
+    # multiplying as the router's does: some of the labels' logits are near ties.
     dtype = precision.torch_dtype(precision.resolve("auto", "cpu"))
     base = AutoModelForCausalLM.from_pretrained(router.base_dir, dtype=dtype).eval()
-    pack_linears(base)
+    models.prepare_products(base)
     expected_by_prompt = {}
     for prompt in [f"Request {index}: " + word for index, word in enumerate(
         ["my invoice is wrong", "where is my parcel", "I want to send it back", "hello", "refund please",

@@ -106,18 +106,26 @@ def load(model: str, cache_dir: Path, dtype: str = "float32") -> tuple[Any, Any]
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tracefix.trainer import precision
-    from tracefix.trainer.output_layer import contiguous_head_input
-    from tracefix.trainer.packed_linear import pack_linears
 
     path = resolve(model, cache_dir)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     network = AutoModelForCausalLM.from_pretrained(path, dtype=precision.torch_dtype(precision.resolve(dtype, "cpu")))
-    contiguous_head_input(network)
-    pack_linears(network)
+    prepare_products(network)
     network.eval()
     return network, tokenizer
+
+
+def prepare_products(network: Any) -> None:
+    """How every loaded model multiplies: its output layer's input made contiguous
+    (``trainer.output_layer``), its bfloat16 linear layers packed where no gradient flows
+    (``trainer.packed_linear``)."""
+    from tracefix.trainer.output_layer import contiguous_head_input
+    from tracefix.trainer.packed_linear import pack_linears
+
+    contiguous_head_input(network)
+    pack_linears(network)
 
 
 def tiny_random_model(directory: Path, tokenizer_source: Any, seed: int = 0, initializer_range: float = 0.02) -> Path:

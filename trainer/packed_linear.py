@@ -77,14 +77,11 @@ class PackedLinear(nn.Linear):
         return state
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Make each plain ``nn.Linear`` under ``model`` a ``PackedLinear``, in place; returns how many
-    (0 where this torch cannot pack). Its weights are packed at their first use without autograd."""
+def pack_linears(model: nn.Module) -> None:
+    """Make each plain ``nn.Linear`` under ``model`` a ``PackedLinear``, in place (nothing where
+    this torch cannot pack). Its weights are packed at their first use without autograd."""
     if not available():
-        return 0
-    count = 0
+        return
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = PackedLinear
-            count += 1
-    return count

@@ -37,9 +37,7 @@ from tracefix.trainer import precision
 from tracefix.trainer.conversations import conversation_sequence
 from tracefix.trainer.environment import Environment, Message
 from tracefix.trainer.grpo import grpo, latest_checkpoint, lora_state, validation_rank
-from tracefix.trainer.model import training_device
-from tracefix.trainer.output_layer import contiguous_head_input
-from tracefix.trainer.packed_linear import pack_linears
+from tracefix.trainer.model import prepare_products, training_device
 from tracefix.trainer.rollouts import Sampling, demonstration
 
 Progress = Callable[[dict[str, Any]], None]
@@ -85,8 +83,7 @@ def load_policy(model_dir: Path, config: TrainingSettings, starts_from: Path | N
     device = training_device(config.device)
     dtype = precision.torch_dtype(precision.resolve(config.dtype, device))
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
-    contiguous_head_input(base)
-    pack_linears(base)
+    prepare_products(base)
     if starts_from is None:
         return get_peft_model(base, lora_config(config)), tokenizer
     from peft import PeftConfig, PeftModel
