@@ -4,6 +4,7 @@
     python bench/throughput.py --json               # the same as one JSON line
     python bench/throughput.py --stages peak,warm_start --dtypes bfloat16 --repeats 5
     python bench/throughput.py --dtypes bfloat16 --stages evaluation,router_8 --unpacked   # without packed weights
+    python bench/throughput.py --dtypes bfloat16 --stages evaluation --unmerged            # LoRA by PEFT's forward
 
 In one run, for each dtype (the model loaded as the loop loads it: ``trainer.recipes.load_policy``
 for the training stages, the LoRA weights float32 beside the base; a real ``tracefix router``
@@ -317,7 +318,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
     from examples.demo.settings import DEMO
     from tracefix.daemon.core.settings import TrainingSettings
     from tracefix.trainer import model as models
-    from tracefix.trainer import packed_linear
+    from tracefix.trainer import merged_lora, packed_linear
     from tracefix.trainer.recipes import load_policy
 
     torch.set_num_threads(arguments.threads)
@@ -332,6 +333,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
             "cpus": os.cpu_count(), "threads": arguments.threads, "torch": torch.__version__,
             "bfloat16_flag": precision.cpu_bfloat16(flags), "amx": "amx_bf16" in flags, "auto_dtype": precision.resolve("auto", "cpu", flags),
             "load_average_before": [round(value, 2) for value in os.getloadavg()], "packed_linear": packed_linear.PACKED,
+            "merged_lora": merged_lora.MERGED,
         },
         "model": {"name": arguments.model, "linear_gflop_per_token": round(shape.token_flops / 1e9, 4), "head_gflop_per_position": round(shape.head_flops / 1e9, 4)},
         "training": {key: getattr(settings, key) for key in ("warm_start_batch", "group_size", "groups_per_step", "num_iterations", "micro_batch", "max_new_tokens")},
@@ -418,6 +420,7 @@ def main() -> None:
     parser.add_argument("--router-tokens", type=int, default=128)
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     parser.add_argument("--unpacked", action="store_true", help="bfloat16 products from weights reordered every call, as before trainer.packed_linear (the router too)")
+    parser.add_argument("--unmerged", action="store_true", help="LoRA layers decode by PEFT's own forward, as before trainer.merged_lora (the router too)")
     arguments = parser.parse_args()
     unknown = set(arguments.stages) - set(STAGES) or set(arguments.dtypes) - set(DTYPES)
     if unknown:
@@ -427,6 +430,11 @@ def main() -> None:
 
         os.environ["TRACEFIX_PACKED_LINEAR"] = "0"  # the router process it starts reads it
         packed_linear.PACKED = False
+    if arguments.unmerged:
+        from tracefix.trainer import merged_lora
+
+        os.environ["TRACEFIX_MERGED_LORA"] = "0"
+        merged_lora.MERGED = False
     result = run(arguments)
     if arguments.json:
         print(json.dumps(result))

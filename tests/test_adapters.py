@@ -109,7 +109,9 @@ def test_a_saved_adapter_loads_back_with_identical_weights_and_logits(
     actual = get_peft_model_state_dict(loaded, adapter_name="tool_call_precision")
     assert expected.keys() == actual.keys() and len(expected) == 2 * 4 * 2  # A and B, 4 projections, 2 layers
     assert all(torch.equal(expected[key], actual[key]) for key in expected)
-    assert torch.equal(logits(loaded.eval()), logits(trained))
+    # the loaded adapter decodes from its weights merged into a copy of the base's (trainer.merged_lora):
+    # the same sum in another order, so equal within float32's rounding rather than to the bit
+    torch.testing.assert_close(logits(loaded.eval()), logits(trained), rtol=1e-5, atol=1e-5)
     assert not torch.allclose(logits(trained), base_logits)  # the adapter really changes the model
 
 

@@ -78,6 +78,28 @@ def test_the_split_and_the_whole_keys_give_the_same_attention(queries: int) -> N
     torch.testing.assert_close(attention.whole_attention(query, keys, values, additive, 0.3), whole, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_cpu_decode_step_takes_the_two_fused_passes_where_every_row_attends_the_opening(dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(5)
+    keys, values, query, mask = _padded(1, opening=300, own=40)
+    keys, values = (Split(part.opening.to(dtype), part.own.to(dtype)) for part in (keys, values))
+    query = query.to(dtype)
+    taken = []
+    fused = attention.split_flash
+    monkeypatch.setattr(attention, "split_flash", lambda *args: taken.append(args[3]) or fused(*args))
+    split = attention.split_attention(query, keys, values, mask, 0.3)
+    unmasked = attention.split_attention(query, keys, values, None, 0.3)
+    assert len(taken) == 2 and taken[0].shape == (3, 1, 1, 40) and taken[1] is None  # the rows' own columns' mask only
+    whole = attention.whole_attention(query.float(), *(Split(part.opening.float(), part.own.float()) for part in (keys, values)), mask, 0.3)
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 0.02, "atol": 0.02}
+    assert split.dtype == dtype
+    torch.testing.assert_close(split.float(), whole, **tolerance)
+    torch.testing.assert_close(unmasked.float(), attention.whole_attention(query.float(), *(Split(part.opening.float(), part.own.float()) for part in (keys, values)), None, 0.3), **tolerance)
+    mask[0, :, :, 7] = False  # a column of the opening masked: the scores joined in one softmax instead
+    attention.split_attention(query, keys, values, mask, 0.3)
+    assert len(taken) == 2
+
+
 def test_without_a_mask_the_queries_are_causal_and_end_at_the_last_key() -> None:
     torch.manual_seed(1)
     keys, values = _keys(2, 16, 6)

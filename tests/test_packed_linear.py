@@ -146,7 +146,10 @@ def test_a_training_policy_packs_its_frozen_base_and_not_its_adapter(tiny_model:
     with torch.no_grad():
         sampled = policy(input_ids=ids).logits  # rollouts: packed
     trained = policy(input_ids=ids).logits  # a loss pass: the plain products, gradients to the adapter
-    assert all(base._packed is not None for base in bases)
+    # the layers without an adapter pack their own weight, those with one the merged (trainer.merged_lora)
+    unwrapped = [module for module in policy.modules() if type(module) is PackedLinear and all(module is not base for base in bases)]
+    assert unwrapped and all(module._packed is not None for module in unwrapped)
+    assert all(module._merged[("default",)][1].is_mkldnn for module in policy.modules() if hasattr(module, "_merged"))
     trained.float().sum().backward()
     assert all(linear.weight.grad is not None for linear in adapters)
     torch.testing.assert_close(sampled, trained.detach(), rtol=0.02, atol=0.02)

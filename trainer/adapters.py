@@ -147,11 +147,15 @@ def load_adapter(base_model: Any, directory: Path, name: str, base_hash: str | N
     safetensors only."""
     from peft import PeftModel
 
+    from tracefix.trainer.merged_lora import merge_lora_products
+
     verify_adapter(directory, base_hash)
     if isinstance(base_model, PeftModel):
         base_model.load_adapter(str(directory), adapter_name=name)
-        return base_model
-    return PeftModel.from_pretrained(base_model, str(directory), adapter_name=name)
+    else:
+        base_model = PeftModel.from_pretrained(base_model, str(directory), adapter_name=name)
+    merge_lora_products(base_model)  # decoding multiplies by the adapter merged into a copy of the base
+    return base_model
 
 
 def _files_in(directory: Path) -> set[str]:

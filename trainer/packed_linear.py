@@ -45,6 +45,25 @@ def available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
+def packs(weight: torch.Tensor, input: torch.Tensor) -> bool:
+    """Whether a product of ``input`` with ``weight`` is multiplied from a packed weight here: both
+    bfloat16, on the CPU, packing on (the caller sees to it that no gradient flows)."""
+    return PACKED and weight.dtype == torch.bfloat16 and input.dtype == torch.bfloat16 and weight.device.type == "cpu"
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` ([out, in]) reordered once into oneDNN's blocked layout (an opaque mkldnn tensor)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_size=_ROWS_HINT)
+
+
+def packed_product(input: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(input, weight, bias)`` from ``pack(weight)``, for any leading shape of ``input``."""
+    leading = input.shape[:-1]
+    rows = input.reshape(-1, input.shape[-1]).contiguous()
+    output = torch.ops.mkldnn._linear_pointwise(rows, packed, None if bias is None else bias.detach(), "none", [], "")
+    return output.reshape(*leading, output.shape[-1])
+
+
 class PackedLinear(nn.Linear):
     """``nn.Linear`` that multiplies bfloat16 CPU inputs from a packed copy of its weight where no
     gradient flows through the product (see the module)."""
@@ -54,19 +73,15 @@ class PackedLinear(nn.Linear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight = self.weight
-        if not PACKED or weight.dtype != torch.bfloat16 or weight.device.type != "cpu" or input.dtype != torch.bfloat16:
+        if not packs(weight, input):
             return super().forward(input)
         if torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad or (self.bias is not None and self.bias.requires_grad)):
             return super().forward(input)
         packed_of = self._packed_of
         if packed_of is None or packed_of[0] is not weight or packed_of[1:] != (weight.data_ptr(), weight._version):
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_size=_ROWS_HINT)
+            self._packed = pack(weight)
             self._packed_of = (weight, weight.data_ptr(), weight._version)
-        leading = input.shape[:-1]
-        rows = input.reshape(-1, input.shape[-1]).contiguous()
-        bias = None if self.bias is None else self.bias.detach()
-        output = torch.ops.mkldnn._linear_pointwise(rows, self._packed, bias, "none", [], "")
-        return output.reshape(*leading, output.shape[-1])
+        return packed_product(input, self._packed, self.bias)
 
     def __getstate__(self) -> dict[str, Any]:
         # The packed copy is a cache that oneDNN's opaque tensors cannot copy or pickle: a deep

@@ -73,6 +73,8 @@ def load_policy(model_dir: Path, config: TrainingSettings, starts_from: Path | N
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from tracefix.trainer.merged_lora import merge_lora_products
+
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
@@ -85,7 +87,9 @@ def load_policy(model_dir: Path, config: TrainingSettings, starts_from: Path | N
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
     prepare_products(base)
     if starts_from is None:
-        return get_peft_model(base, lora_config(config)), tokenizer
+        policy = get_peft_model(base, lora_config(config))
+        merge_lora_products(policy)
+        return policy, tokenizer
     from peft import PeftConfig, PeftModel
 
     saved = PeftConfig.from_pretrained(str(starts_from))
@@ -93,7 +97,9 @@ def load_policy(model_dir: Path, config: TrainingSettings, starts_from: Path | N
     wanted = (config.lora_r, config.lora_alpha, sorted(config.lora_targets))
     if shape != wanted:
         raise ValueError(f"the adapter at {starts_from} has LoRA r, alpha, targets {shape}; this run trains {wanted}")
-    return PeftModel.from_pretrained(base, str(starts_from), is_trainable=True).to(device), tokenizer
+    policy = PeftModel.from_pretrained(base, str(starts_from), is_trainable=True).to(device)
+    merge_lora_products(policy)
+    return policy, tokenizer
 
 
 @dataclass(frozen=True, slots=True)
