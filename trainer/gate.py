@@ -298,8 +298,10 @@ def _lora_modules(peft_model: Any, layers: list[nn.Module], adapter_names: list[
     inside = {id(module) for layer in layers for module in layer.modules()}
     wrapped: list[list[LoraLinear]] = []
     for layer in layers:
-        modules = [module for module in layer.modules() if type(module) is LoraLinear]
-        others = [module for module in layer.modules() if isinstance(module, LoraLayer) and type(module) is not LoraLinear]
+        # PEFT's Linear, or the loop's own that decodes from the merged adapter (trainer.merged_lora):
+        # the gate replaces either's forward
+        modules = [module for module in layer.modules() if isinstance(module, LoraLinear)]
+        others = [module for module in layer.modules() if isinstance(module, LoraLayer) and not isinstance(module, LoraLinear)]
         if others:
             kinds = sorted({f"{type(module).__module__}.{type(module).__qualname__}" for module in others})
             raise ValueError(f"LoRA layers of kind {kinds} (quantized, embedding …) cannot be gated")
