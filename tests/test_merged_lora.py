@@ -159,6 +159,17 @@ def test_switched_off_it_is_peft_s_forward(tiny_model: Path, monkeypatch: pytest
     assert all(layer._merged is None for layer in _layers(model))
 
 
+def test_an_adapter_with_its_own_bias_decodes_by_peft_s_forward(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = AutoModelForCausalLM.from_pretrained(tiny_model)
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"], lora_bias=True, task_type="CAUSAL_LM"))
+    merge_lora_products(model)
+    _noisy(model, 3)
+    with torch.no_grad():
+        served = model(input_ids=IDS).logits
+    assert all(layer._merged is None for layer in _layers(model))  # the delta weight alone would leave its bias out
+    assert torch.equal(served, _peft_logits(model, monkeypatch))
+
+
 def test_the_loop_s_loaders_install_it(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(precision, "cpu_flags", lambda *_: frozenset({"amx_bf16"}))
     policy, _ = load_policy(tiny_model, TrainingSettings(dtype="auto", device="cpu"))

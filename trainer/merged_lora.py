@@ -14,8 +14,8 @@ own weights, so training, the reference policy and ``disable_adapter`` are untou
 ``merge_lora_products(model)`` makes each PEFT ``lora.Linear`` of a wrapped model a
 ``MergedLoraLinear``; ``trainer.recipes.load_policy`` and ``trainer.adapters.load_adapter`` (the
 router, the gate, evaluation) install it. A batch whose rows ask for one adapter (the router's
-``adapter_names``) takes it too; rows of different adapters, adapter variants (DoRA), dropout in
-training mode and anything under autograd take PEFT's own forward.
+``adapter_names``) takes it too; rows of different adapters, adapter variants (DoRA), an adapter
+with a bias of its own, dropout in training mode and anything under autograd take PEFT's own forward.
 
 The merged weight is rounded to the base's dtype, as a merged adapter served in bfloat16 is, so a
 bfloat16 decode may differ from the unmerged sum in the last place; rollouts, evaluation and the
@@ -80,8 +80,8 @@ class MergedLoraLinear(LoraLinear):
             adapters = (name,)
         for name in adapters:
             dropout = self.lora_dropout[name]
-            if name in self.lora_variant or (dropout.training and not isinstance(dropout, nn.Identity)):
-                return None
+            if name in self.lora_variant or self.lora_B[name].bias is not None or (dropout.training and not isinstance(dropout, nn.Identity)):
+                return None  # a variant (DoRA), a bias of the adapter's own (lora_bias), dropout in training
         if torch.is_grad_enabled() and (x.requires_grad or any(self._trainable(name) for name in adapters)):
             return None
         return adapters

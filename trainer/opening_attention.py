@@ -7,9 +7,10 @@ row (``bench/rollout_prefix.py`` compares the two). Here the opening is kept onc
 in two: the opening's scores are one matrix product of all rows' queries with its keys, each row's
 own tokens are attended as usual, and one softmax runs over both; on the CPU, as two passes of
 torch's fused flash kernel joined by their log-sum-exps (``split_flash``). The same split as the
-cascade attention of FlashInfer and vLLM, and Hydragen (arXiv 2402.05099). A prefill (a turn's tails, many queries a row) is the other way round: its
-queries, not the opening's copies, are the cost, and the split's scores would be materialised
-whole, so there the whole keys are built once and SDPA's fused kernel runs over them.
+cascade attention of FlashInfer and vLLM, and Hydragen (arXiv 2402.05099). A prefill (a turn's
+tails, many queries a row) is the other way round: its queries, not the opening's copies, are the
+cost, and the split's scores would be materialised whole, so there the whole keys are built once
+and SDPA's fused kernel runs over them.
 
 ``rows_cache`` gives what ``generate`` needs for a batch after an opening: an ``OpeningCache``
 (only the rows' own tokens grow) and ``opening_attention(model)``, inside which the model's
