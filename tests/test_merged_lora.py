@@ -141,6 +141,22 @@ def test_a_layer_keeps_a_bounded_number_of_merged_adapters(tiny_model: Path) -> 
     assert list(layer._merged) == [(name,) for name in names[-merged_lora._KEEP :]]
 
 
+def test_a_deleted_adapter_s_merged_weight_goes_at_the_next_merge(tiny_model: Path) -> None:
+    model = _policy(tiny_model, torch.float32)
+    model.add_adapter("v2", LoraConfig(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM"))
+    merge_lora_products(model)
+    model.eval()
+    for name in ("default", "v2"):
+        with torch.no_grad():
+            model(input_ids=IDS, adapter_names=[name])
+    assert list(_layers(model)[0]._merged) == [("default",), ("v2",)]
+    model.delete_adapter("default")  # as the router unloads an old version
+    _noisy(model, 4, "v2")  # the live version changes: merged again, and the deleted one's weight is let go
+    with torch.no_grad():
+        model(input_ids=IDS, adapter_names=["v2"])
+    assert all(list(layer._merged) == [("v2",)] for layer in _layers(model))
+
+
 def test_a_used_layer_copies_without_its_merged_weights(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     model = _policy(tiny_model, torch.bfloat16)
     with torch.no_grad():

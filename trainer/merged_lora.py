@@ -108,6 +108,8 @@ class MergedLoraLinear(LoraLinear):
             merged = merged.to(base.dtype)
             weight = packed_linear.pack(merged) if packed_linear.packs(merged, merged) and packed_linear.available() else merged
         kept.pop(adapters, None)
+        for stale in [key for key in kept if any(name not in self.lora_A for name in key)]:
+            del kept[stale]  # a deleted adapter's (the router unloads old versions)
         while len(kept) >= _KEEP:
             kept.pop(next(iter(kept)))
         kept[adapters] = ((base, *state), weight)
