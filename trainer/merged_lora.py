@@ -52,7 +52,7 @@ class MergedLoraLinear(LoraLinear):
         base = self.base_layer
         if not adapters:
             return base(x)
-        weight = self._merged_weight(adapters)
+        weight = self._merged_weight(adapters, x)
         if weight.is_mkldnn:
             return packed_linear.packed_product(x, weight, base.bias)
         return functional.linear(x, weight, None if base.bias is None else base.bias.detach())
@@ -89,7 +89,7 @@ class MergedLoraLinear(LoraLinear):
     def _trainable(self, name: str) -> bool:
         return self.lora_A[name].weight.requires_grad or self.lora_B[name].weight.requires_grad
 
-    def _merged_weight(self, adapters: tuple[str, ...]) -> torch.Tensor:
+    def _merged_weight(self, adapters: tuple[str, ...], x: torch.Tensor) -> torch.Tensor:
         base = self.base_layer.weight
         state = (base.data_ptr(), base._version) + tuple(
             value
@@ -106,7 +106,7 @@ class MergedLoraLinear(LoraLinear):
             for name in adapters:
                 merged = merged + self.get_delta_weight(name).float()
             merged = merged.to(base.dtype)
-            weight = packed_linear.pack(merged) if packed_linear.packs(merged, merged) and packed_linear.available() else merged
+            weight = packed_linear.pack(merged) if packed_linear.packs(merged, x) else merged
         kept.pop(adapters, None)
         for stale in [key for key in kept if any(name not in self.lora_A for name in key)]:
             del kept[stale]  # a deleted adapter's (the router unloads old versions)

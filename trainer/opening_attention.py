@@ -166,7 +166,7 @@ def split_attention(query: torch.Tensor, key: Split, value: Split, attention_mas
     ):
         return split_flash(query, key, value, None if attention_mask is None else attention_mask[..., opening:], scale)
     rows, heads, length, dim = query.shape
-    kv_heads, opening = key.opening.shape[1], key.opening.shape[2]
+    kv_heads = key.opening.shape[1]
     grouped = query.reshape(rows, kv_heads, heads // kv_heads, length, dim)  # the heads sharing a kv head
     # [rows, kv_heads, group, q, opening + own]: the opening's part is one product per kv head
     scores = torch.cat(

@@ -28,6 +28,7 @@ uses it alike, so a completion is scored as it is served.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -40,6 +41,7 @@ PACKED = os.environ.get("TRACEFIX_PACKED_LINEAR", "1") != "0"
 _ROWS_HINT = 16  # the rows oneDNN picks its blocking for; any number of rows multiplies correctly
 
 
+@functools.cache
 def available() -> bool:
     """Whether this torch can multiply from packed weights (a CPU build with oneDNN)."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
@@ -47,8 +49,8 @@ def available() -> bool:
 
 def packs(weight: torch.Tensor, input: torch.Tensor) -> bool:
     """Whether a product of ``input`` with ``weight`` is multiplied from a packed weight here: both
-    bfloat16, on the CPU, packing on (the caller sees to it that no gradient flows)."""
-    return PACKED and weight.dtype == torch.bfloat16 and input.dtype == torch.bfloat16 and weight.device.type == "cpu"
+    bfloat16, on the CPU, packing on and possible (the caller sees to it that no gradient flows)."""
+    return PACKED and weight.dtype == torch.bfloat16 and input.dtype == torch.bfloat16 and weight.device.type == "cpu" and available()
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
