@@ -23,19 +23,43 @@ from tracefix.trainer.recipes import load_policy
 TOLERANCE = {"rtol": 2**-7, "atol": 2**-7}
 
 
+# oneDNN multiplies bfloat16 from packed weights only on a CPU with AVX-512 BW/VL/DQ or AVX-NE-CONVERT
+# (Intel since Skylake-SP, AMD since Zen 4). Elsewhere (an AVX2-only CPU such as AMD Zen 3) these
+# tests cannot run: the layers there keep the plain product, which the tests below without this mark
+# check on every machine.
+BFLOAT16_PATH = {"avx512bw", "avx512vl", "avx512dq"}
+needs_packing = pytest.mark.skipif(
+    not packed_linear.available(), reason="this CPU has no oneDNN bfloat16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT): nothing is packed here"
+)
+
+
 def _layer(dtype: torch.dtype = torch.bfloat16, bias: bool = True, frozen: bool = True) -> nn.Linear:
     torch.manual_seed(0)
     layer = nn.Linear(64, 48, bias=bias).to(dtype)
     layer.requires_grad_(not frozen)
-    pack_linears(layer)
+    layer.__class__ = PackedLinear  # as pack_linears does where this CPU can pack
     return layer
 
 
-def test_this_torch_can_pack() -> None:
-    # The CPU builds of torch the project installs carry oneDNN; without it nothing would be packed.
-    assert packed_linear.available()
+def test_packing_is_available_exactly_where_the_cpu_has_onednn_s_bfloat16_path() -> None:
+    # The CPU builds of torch the project installs carry oneDNN; whether it packs is the CPU's.
+    flags = precision.cpu_flags()
+    assert packed_linear.available() == (BFLOAT16_PATH <= flags or "avx_ne_convert" in flags)
 
 
+def test_without_the_bfloat16_path_nothing_is_packed_and_products_are_plain(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(packed_linear, "available", lambda: False)  # what an AVX2-only CPU answers
+    model = nn.Sequential(nn.Linear(64, 48).to(torch.bfloat16))
+    pack_linears(model)
+    assert type(model[0]) is nn.Linear
+    layer = _layer()
+    inputs = torch.randn(3, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(layer(inputs), functional.linear(inputs, layer.weight, layer.bias))
+    assert layer._packed is None
+
+
+@needs_packing
 def test_without_autograd_a_bfloat16_layer_multiplies_from_its_packed_weight() -> None:
     layer = _layer()
     assert type(layer) is PackedLinear
@@ -51,6 +75,7 @@ def test_without_autograd_a_bfloat16_layer_multiplies_from_its_packed_weight() -
         torch.testing.assert_close(layer(sliced), functional.linear(sliced, layer.weight, layer.bias), **TOLERANCE)
 
 
+@needs_packing
 def test_a_frozen_layer_under_autograd_with_a_constant_input_is_packed_too() -> None:
     layer = _layer(bias=False)
     inputs = torch.randn(2, 64, dtype=torch.bfloat16)
@@ -76,6 +101,7 @@ def test_where_a_gradient_flows_it_is_the_plain_product_and_its_gradient() -> No
     torch.testing.assert_close(flowing.grad, expected, **TOLERANCE)
 
 
+@needs_packing
 def test_a_weight_changed_in_place_or_replaced_is_packed_again() -> None:
     layer = _layer()
     inputs = torch.randn(6, 64, dtype=torch.bfloat16)
@@ -94,6 +120,7 @@ def test_a_weight_changed_in_place_or_replaced_is_packed_again() -> None:
         assert layer._packed is unchanged  # packed once while the weight stays
 
 
+@needs_packing
 def test_a_packed_layer_copies_and_saves_without_its_packed_weight(tmp_path: Path) -> None:
     layer = _layer()
     inputs = torch.randn(4, 64, dtype=torch.bfloat16)
@@ -121,6 +148,7 @@ def test_float32_and_a_switched_off_packing_keep_the_plain_product(monkeypatch: 
     assert half._packed is None
 
 
+@needs_packing
 def test_every_linear_layer_of_a_loaded_model_packs(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(precision, "cpu_flags", lambda *_: frozenset({"amx_bf16"}))
     network, tokenizer = models.load(str(tiny_model), tmp_path, "auto")
@@ -135,6 +163,7 @@ def test_every_linear_layer_of_a_loaded_model_packs(tiny_model: Path, tmp_path: 
     torch.testing.assert_close(packed, plain, rtol=0.02, atol=0.02)
 
 
+@needs_packing
 def test_a_training_policy_packs_its_frozen_base_and_not_its_adapter(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(precision, "cpu_flags", lambda *_: frozenset({"amx_bf16"}))
     policy, tokenizer = load_policy(tiny_model, TrainingSettings(dtype="auto", device="cpu"))

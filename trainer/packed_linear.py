@@ -19,7 +19,8 @@ served model: generation, evaluation, the router). Under autograd it is ``nn.Lin
 a loss and its gradients are computed as before. The copy is made at the first such call (a
 process that only trains pays no memory for it: about the base's linear weights again, 270 MB for
 SmolLM2-135M) and made again when the weight changes (in place, as merging an adapter does, or
-replaced). float32 weights, other devices and a torch built without oneDNN keep the plain product.
+replaced). float32 weights, other devices, a torch built without oneDNN and a CPU without oneDNN's
+bfloat16 path keep the plain product.
 
 The packed product sums in another order than the per-call one, so its bfloat16 outputs may differ
 in the last place; every path that decodes without autograd (rollouts, evaluation, the router)
@@ -43,8 +44,14 @@ _ROWS_HINT = 16  # the rows oneDNN picks its blocking for; any number of rows mu
 
 @functools.cache
 def available() -> bool:
-    """Whether this torch can multiply from packed weights (a CPU build with oneDNN)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    """Whether this torch can multiply bfloat16 from packed weights on this CPU: a build with oneDNN,
+    on a CPU that has oneDNN's bfloat16 path (AVX-512 BW/VL/DQ or AVX-NE-CONVERT; an AVX2-only CPU,
+    such as AMD Zen 3, has not, and there the weights stay plain)."""
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    )
 
 
 def packs(weight: torch.Tensor, input: torch.Tensor) -> bool:
