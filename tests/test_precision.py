@@ -190,3 +190,33 @@ def test_the_router_refuses_bfloat16_on_a_cpu_without_it_in_one_line(tiny_model:
     assert result.exit_code == 1
     assert "Error: dtype = 'bfloat16', but this CPU" in result.output and "set dtype = 'auto' or 'float32'" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(("section", "setting"), [("model", 'dtype = "bfloat16"'), ("training", 'dtype = "bfloat16"\ndevice = "cpu"')])
+def test_the_daemon_refuses_at_start_a_dtype_its_jobs_could_not_run(section: str, setting: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Refused before anything is opened or started, not when the first job runs hours later.
+    from click.testing import CliRunner
+
+    from tracefix.daemon.app.cli import main
+
+    monkeypatch.setattr(precision, "cpu_flags", lambda *_: OLDER)
+    store = tmp_path / "store.duckdb"
+    config = tmp_path / "tracefix.toml"
+    config.write_text(f'[store]\npath = "{store}"\n[{section}]\n{setting}\n')
+    result = CliRunner().invoke(main, ["daemon", "--config", str(config)])
+    assert result.exit_code == 1
+    assert f"Error: [{section}] dtype = 'bfloat16', but this CPU" in result.output and "set dtype = 'auto' or 'float32'" in result.output
+    assert "Traceback" not in result.output and not store.exists()
+
+
+def test_start_up_passes_what_the_cpu_or_a_gpu_job_can_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(precision, "cpu_flags", lambda *_: INTEL_SPR)
+    precision.check_settings("bfloat16", "bfloat16", "cpu")
+    monkeypatch.setattr(precision, "cpu_flags", lambda *_: OLDER)
+    precision.check_settings("auto", "auto", "auto")  # float32 on this CPU
+    precision.check_settings("float32", "bfloat16", "cuda")  # the job asks the GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # where CUDA can take an auto job
+    precision.check_settings("auto", "bfloat16", "auto")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(precision.UnsupportedDtype, match=r"^\[training\] dtype = 'bfloat16'"):
+        precision.check_settings("auto", "bfloat16", "auto")

@@ -65,6 +65,28 @@ def resolve(setting: str, device: str, flags: frozenset[str] | None = None) -> s
     return "float32"
 
 
+def check_settings(model_dtype: str, training_dtype: str, training_device: str) -> None:
+    """Raise ``UnsupportedDtype`` at start-up for what a job would refuse later: ``[model] dtype`` (the
+    validation gate runs the base model on the CPU) and ``[training] dtype`` on its device. A GPU's
+    answer is left to the job: a ``cuda`` device is not looked at here, and ``auto`` only where the
+    CPU alone would refuse (then torch is asked whether CUDA can run the job instead)."""
+    try:
+        resolve(model_dtype, "cpu")
+    except UnsupportedDtype as error:
+        raise UnsupportedDtype(f"[model] {error}") from None
+    if training_device == "cuda":
+        return
+    try:
+        resolve(training_dtype, "cpu")
+    except UnsupportedDtype as error:
+        if training_device == "auto":
+            import torch
+
+            if torch.cuda.is_available():
+                return
+        raise UnsupportedDtype(f"[training] {error}") from None
+
+
 def torch_dtype(name: str) -> Any:
     """The torch dtype of a resolved name."""
     import torch

@@ -18,12 +18,14 @@ from tracefix.daemon.core.settings import ConfigError
 def _serve(config_path: Path | None) -> None:
     from tracefix.daemon.app.service import Daemon
     from tracefix.daemon.store.store import StoreError
+    from tracefix.trainer.precision import UnsupportedDtype, check_settings
 
     settings = settings_from(config_path)
     log_to_stderr()
     try:
+        check_settings(settings.model.dtype, settings.training.dtype, settings.training.device)
         Daemon(settings).run()
-    except (StoreError, OSError) as error:
+    except (StoreError, OSError, UnsupportedDtype) as error:
         raise click.ClickException(str(error)) from None
 
 
