@@ -79,12 +79,10 @@ def check_settings(model_dtype: str, training_dtype: str, training_device: str) 
     try:
         resolve(training_dtype, "cpu")
     except UnsupportedDtype as error:
-        if training_device == "auto":
-            import torch
+        from tracefix.trainer.model import training_device as device_of  # imports torch: only here
 
-            if torch.cuda.is_available():
-                return
-        raise UnsupportedDtype(f"[training] {error}") from None
+        if device_of(training_device) != "cuda":
+            raise UnsupportedDtype(f"[training] {error}") from None
 
 
 def torch_dtype(name: str) -> Any:
