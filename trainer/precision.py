@@ -79,10 +79,12 @@ def check_settings(model_dtype: str, training_dtype: str, training_device: str) 
     try:
         resolve(training_dtype, "cpu")
     except UnsupportedDtype as error:
-        from tracefix.trainer.model import training_device as device_of  # imports torch: only here
+        if training_device == "auto":
+            import torch
 
-        if device_of(training_device) != "cuda":
-            raise UnsupportedDtype(f"[training] {error}") from None
+            if torch.cuda.is_available():
+                return
+        raise UnsupportedDtype(f"[training] {error}") from None
 
 
 def torch_dtype(name: str) -> Any:
