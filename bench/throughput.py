@@ -419,7 +419,7 @@ def main() -> None:
     parser.add_argument("--eval-seeds", type=int, default=16)
     parser.add_argument("--router-tokens", type=int, default=128)
     parser.add_argument("--json", action="store_true", help="print one JSON line")
-    parser.add_argument("--unpacked", action="store_true", help="bfloat16 products from weights reordered every call, as before trainer.packed_linear (the router too)")
+    parser.add_argument("--unpacked", action="store_true", help="products from the plain weights every call (oneDNN reordering bfloat16 ones, MKL for float32), as before trainer.packed_linear (the router too)")
     parser.add_argument("--unmerged", action="store_true", help="LoRA layers decode by PEFT's own forward, as before trainer.merged_lora (the router too)")
     arguments = parser.parse_args()
     unknown = set(arguments.stages) - set(STAGES) or set(arguments.dtypes) - set(DTYPES)

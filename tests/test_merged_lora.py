@@ -65,7 +65,7 @@ def test_without_autograd_the_merged_product_gives_peft_s_logits(tiny_model: Pat
         merged = model(input_ids=IDS).logits
     assert all(layer._merged is not None and ("default",) in layer._merged for layer in layers)
     # packed for the CPU's matrix units as the base's own products are, where this CPU can pack
-    assert all(layer._merged[("default",)][1].is_mkldnn == (dtype == torch.bfloat16 and packed_linear.available()) for layer in layers)
+    assert all(layer._merged[("default",)][1].is_mkldnn == packed_linear.available(dtype) for layer in layers)
     reference = _peft_logits(model, monkeypatch)
     torch.testing.assert_close(merged, reference, **TOLERANCE[dtype])
     with torch.no_grad(), model.disable_adapter():  # the adapter makes a difference the test can see

@@ -5,8 +5,8 @@ two more products, a scaling, a sum and a cast back, around the base's product. 
 that is what training needs; at a decode step's 1-16 rows it is about a sixth of the step (on
 SmolLM2-135M with LoRA on q, k, v and o, a held-out evaluation in bfloat16 took 7.7 s with the
 adapter's branch and 6.7 s without it, docs/performance.md). Where no gradient flows, the layer
-here multiplies once, by ``W + scale · B A`` kept for the adapter (packed for the CPU's matrix units
-where the base is bfloat16, ``trainer.packed_linear``), and computes it again when the base or the
+here multiplies once, by ``W + scale · B A`` kept for the adapter (packed as the base's own weights
+are, ``trainer.packed_linear``), and computes it again when the base or the
 adapter changes (an optimiser step, ``adapter_weights``, a loaded adapter: their tensors' versions
 or addresses). The same approach as merging an adapter for serving, without touching the base's
 own weights, so training, the reference policy and ``disable_adapter`` are untouched.
