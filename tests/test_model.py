@@ -13,6 +13,7 @@ import torch  # noqa: F401  (installed by make test: never skipped)
 import transformers  # noqa: F401  (installed by make test: never skipped)
 
 from tracefix.trainer import model as models  # noqa: E402
+from tracefix.trainer import packed_linear  # noqa: E402
 from tracefix.trainer.environment import Environment, load_tools  # noqa: E402
 from tracefix.trainer.families import load_families  # noqa: E402
 from tracefix.daemon.core.settings import ValidationSettings  # noqa: E402
@@ -93,14 +94,15 @@ def _head_products(head: object, hidden: torch.Tensor) -> tuple[torch.Tensor, li
 
     with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as run:
         logits = head(hidden)  # type: ignore[operator]
-    return logits, [event.name for event in run.events() if event.name in ("aten::mm", "aten::bmm")]
+    return logits, [event.name for event in run.events() if event.name in ("aten::mm", "aten::bmm", "mkldnn::_linear_pointwise")]
 
 
-def test_the_output_layer_multiplies_a_sliced_last_position_once(tiny: tuple[object, object]) -> None:
+def test_the_output_layer_multiplies_a_sliced_last_position_once(tiny: tuple[object, object], monkeypatch: pytest.MonkeyPatch) -> None:
     """A prefill that keeps only the last logits slices the last position out of the hidden states.
     With the output layer frozen (a LoRA run's base, a served model) torch multiplies such a slice
     row by row, each against a copy of the whole layer (a bmm over the weight expanded per row). A
-    loaded model's output layer makes it one product, with the same logits."""
+    loaded model's output layer makes it one product, with the same logits: from its packed weight
+    where this torch packs float32 (``trainer.packed_linear``), else a plain one."""
     network, _ = tiny
     head = network.get_output_embeddings()  # type: ignore[attr-defined]
     hidden = torch.randn(3, 12, head.in_features)[:, -1:, :]
@@ -111,7 +113,11 @@ def test_the_output_layer_multiplies_a_sliced_last_position_once(tiny: tuple[obj
     head.weight.requires_grad_(False)
     try:
         logits, products = _head_products(head, hidden)
+        monkeypatch.setattr(packed_linear, "PACKED", False)
+        plain_logits, unpacked_products = _head_products(head, hidden)
     finally:
         head.weight.requires_grad_(True)
-    assert products == ["aten::mm"]
+    assert products == (["mkldnn::_linear_pointwise"] if packed_linear.available(torch.float32) else ["aten::mm"])
+    assert unpacked_products == ["aten::mm"]
     torch.testing.assert_close(logits, expected)
+    torch.testing.assert_close(plain_logits, expected)
