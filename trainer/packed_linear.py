@@ -12,8 +12,8 @@ weights not in cache 189 → 118 µs, of 700 rows 753 → 648 µs; a decode step
 SmolLM2-135M about 1.2× faster. A float32 ``F.linear`` goes to MKL's sgemm, which at a few rows
 reads a large weight more slowly than oneDNN's kernel reads a packed one: on an AVX2-only AMD Zen 3,
 [1,536 × 576] at 8 rows 1.8× faster packed, the output layer [49,152 × 576] 2.6×, at 700 rows and
-for the small [576 × 576] and [192 × 576] weights the same; GRPO's rollouts 1.2-1.3× and the
-router at 8 streams 1.3-1.5× faster (docs/performance.md).
+for the small [576 × 576] and [192 × 576] weights the same; GRPO's rollouts 1.15-1.37× and the
+router at 8 streams 1.31-1.49× faster (docs/performance.md).
 
 ``pack_linears(model)`` makes every ``nn.Linear`` of ``model`` a ``PackedLinear``: the same module
 (its parameters, hooks, state dict and PEFT's wrapping are untouched) whose forward multiplies from
