@@ -23,6 +23,8 @@ from tracefix.trainer.recipes import load_policy
 # may differ by about one unit in the last place of the output. float32 products of 64 terms summed
 # in another order differ by a few units in the 24th bit.
 TOLERANCE = {torch.bfloat16: {"rtol": 2**-7, "atol": 2**-7}, torch.float32: {"rtol": 1e-5, "atol": 1e-5}}
+# A whole model's logits, through every layer: the same, compounded.
+LOGITS_TOLERANCE = {torch.bfloat16: {"rtol": 0.02, "atol": 0.02}, torch.float32: {"rtol": 1e-4, "atol": 1e-4}}
 
 
 # oneDNN multiplies bfloat16 from packed weights only on a CPU with AVX-512 BW/VL/DQ or AVX-NE-CONVERT
@@ -44,6 +46,11 @@ def _layer(dtype: torch.dtype = torch.bfloat16, bias: bool = True, frozen: bool 
     layer.requires_grad_(not frozen)
     layer.__class__ = PackedLinear  # as pack_linears does where this CPU can pack
     return layer
+
+
+def _flags_choosing(dtype: torch.dtype) -> frozenset[str]:
+    """CPU flags on which ``dtype = "auto"`` resolves to ``dtype``."""
+    return frozenset({"amx_bf16"} if dtype == torch.bfloat16 else {"avx2"})
 
 
 def _packs(dtype: torch.dtype) -> bool:
@@ -176,7 +183,7 @@ def test_float16_and_a_switched_off_packing_keep_the_plain_product(monkeypatch: 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_linear_layer_of_a_loaded_model_packs(dtype: torch.dtype, tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(precision, "cpu_flags", lambda *_: frozenset({"amx_bf16"} if dtype == torch.bfloat16 else {"avx2"}))
+    monkeypatch.setattr(precision, "cpu_flags", lambda *_: _flags_choosing(dtype))
     network, tokenizer = models.load(str(tiny_model), tmp_path, "auto")
     assert network.dtype == dtype
     linears = [module for module in network.modules() if isinstance(module, nn.Linear)]
@@ -187,13 +194,12 @@ def test_every_linear_layer_of_a_loaded_model_packs(dtype: torch.dtype, tiny_mod
         assert all(module._packed is not None for module in linears)
         monkeypatch.setattr(packed_linear, "PACKED", False)
         plain = network(input_ids=ids).logits
-    tolerance = {"rtol": 0.02, "atol": 0.02} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
-    torch.testing.assert_close(packed, plain, **tolerance)
+    torch.testing.assert_close(packed, plain, **LOGITS_TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_a_training_policy_packs_its_frozen_base_and_not_its_adapter(dtype: torch.dtype, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(precision, "cpu_flags", lambda *_: frozenset({"amx_bf16"} if dtype == torch.bfloat16 else {"avx2"}))
+    monkeypatch.setattr(precision, "cpu_flags", lambda *_: _flags_choosing(dtype))
     policy, tokenizer = load_policy(tiny_model, TrainingSettings(dtype="auto", device="cpu"))
     bases = [module.base_layer for module in policy.modules() if hasattr(module, "lora_A")]
     adapters = [linear for module in policy.modules() if hasattr(module, "lora_A") for linear in module.lora_A.values()]
@@ -209,5 +215,4 @@ def test_a_training_policy_packs_its_frozen_base_and_not_its_adapter(dtype: torc
     assert all(module._merged[("default",)][1].is_mkldnn for module in policy.modules() if hasattr(module, "_merged"))
     trained.float().sum().backward()
     assert all(linear.weight.grad is not None for linear in adapters)
-    tolerance = {"rtol": 0.02, "atol": 0.02} if dtype == torch.bfloat16 else {"rtol": 1e-4, "atol": 1e-4}
-    torch.testing.assert_close(sampled, trained.detach(), **tolerance)
+    torch.testing.assert_close(sampled, trained.detach(), **LOGITS_TOLERANCE[dtype])
