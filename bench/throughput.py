@@ -5,6 +5,7 @@
     python bench/throughput.py --stages peak,warm_start --dtypes bfloat16 --repeats 5
     python bench/throughput.py --dtypes bfloat16 --stages evaluation,router_8 --unpacked   # without packed weights
     python bench/throughput.py --dtypes bfloat16 --stages evaluation --unmerged            # LoRA by PEFT's forward
+    python bench/throughput.py --dtypes float32 --stages router_8 --router-prompts agent --concatenated
 
 In one run, for each dtype (the model loaded as the loop loads it: ``trainer.recipes.load_policy``
 for the training stages, the LoRA weights float32 beside the base; a real ``tracefix router``
@@ -23,7 +24,10 @@ process for serving):
   is the same whatever the advantages' values.
 - ``evaluation``: greedy held-out episodes on ``--eval-seeds`` seeds in one lockstep pass.
 - ``router_1``, ``router_8``: 1 and 8 concurrent chat completions of ``--router-tokens`` tokens over
-  HTTP from a real router (base model, no adapter), repeated ``--repeats`` times.
+  HTTP from a real router (base model, no adapter), repeated ``--repeats`` times. ``--router-prompts``
+  ``short``: one-line requests (about 40 prompt tokens); ``agent``: the airline agent's own opening
+  (its instructions and tools, about 1,230 tokens with a user's request), a new case each request,
+  as a deployed agent sends them.
 
 Each stage reports tokens per second (the tokens its forward passes run: an opening once, then
 each row's own; for generation also the tokens generated) and the FLOPs of the model's linear
@@ -46,6 +50,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,7 +253,9 @@ def _rates(times: list[float], tokens: list[int], flops: list[int], attention: l
 # -- the router -----------------------------------------------------------------------------------
 
 
-def router(model_name: str, cache: Path, dtype: str, threads: int, streams: list[int], max_tokens: int, repeats: int) -> dict[str, dict[str, Any]]:
+def router(
+    model_name: str, cache: Path, dtype: str, threads: int, streams: list[int], max_tokens: int, repeats: int, conversation: Callable[[int], list[dict[str, Any]]]
+) -> dict[str, dict[str, Any]]:
     """Tokens per second of a real router serving the base model, for each number of concurrent
     completions: the completion tokens of all of them over the wall time of the round."""
     import httpx
@@ -268,14 +275,14 @@ def router(model_name: str, cache: Path, dtype: str, threads: int, streams: list
         process.start(timeout_s=300)
         try:
             with httpx.Client(base_url=process.url, timeout=600) as client:
-                _complete(client, 0, 8)  # warm-up
+                _complete(client, conversation(0), 0, 8)  # warm-up
                 results = {}
                 for count in streams:
                     times, tokens = [], []
                     for repeat in range(repeats):
                         started = time.perf_counter()
                         with ThreadPoolExecutor(count) as pool:
-                            done = list(pool.map(lambda seed: _complete(client, seed, max_tokens), range(1000 * repeat, 1000 * repeat + count)))
+                            done = list(pool.map(lambda seed: _complete(client, conversation(seed), seed, max_tokens), range(1000 * repeat, 1000 * repeat + count)))
                         times.append(time.perf_counter() - started)
                         tokens.append(sum(done))
                     results[f"router_{count}"] = {
@@ -296,10 +303,15 @@ PROMPTS = (
 )
 
 
-def _complete(client: Any, seed: int, max_tokens: int) -> int:
+def short_conversation(seed: int) -> list[dict[str, Any]]:
+    """A one-line request."""
+    return [{"role": "user", "content": PROMPTS[seed % len(PROMPTS)]}]
+
+
+def _complete(client: Any, messages: list[dict[str, Any]], seed: int, max_tokens: int) -> int:
     """One chat completion from the base model; its completion tokens."""
     body = {
-        "model": "base", "messages": [{"role": "user", "content": PROMPTS[seed % len(PROMPTS)]}], "max_tokens": max_tokens,
+        "model": "base", "messages": messages, "max_tokens": max_tokens,
         "temperature": 1.0, "seed": seed,
     }  # fmt: skip
     response = client.post("/v1/chat/completions", json=body)
@@ -318,7 +330,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
     from examples.demo.settings import DEMO
     from tracefix.daemon.core.settings import TrainingSettings
     from tracefix.trainer import model as models
-    from tracefix.trainer import merged_lora, packed_linear
+    from tracefix.trainer import growing_cache, merged_lora, packed_linear
     from tracefix.trainer.recipes import load_policy
 
     torch.set_num_threads(arguments.threads)
@@ -333,7 +345,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
             "cpus": os.cpu_count(), "threads": arguments.threads, "torch": torch.__version__,
             "bfloat16_flag": precision.cpu_bfloat16(flags), "amx": "amx_bf16" in flags, "auto_dtype": precision.resolve("auto", "cpu", flags),
             "load_average_before": [round(value, 2) for value in os.getloadavg()], "packed_linear": packed_linear.PACKED,
-            "merged_lora": merged_lora.MERGED,
+            "merged_lora": merged_lora.MERGED, "growing_cache": growing_cache.GROWING, "router_prompts": arguments.router_prompts,
         },
         "model": {"name": arguments.model, "linear_gflop_per_token": round(shape.token_flops / 1e9, 4), "head_gflop_per_position": round(shape.head_flops / 1e9, 4)},
         "training": {key: getattr(settings, key) for key in ("warm_start_batch", "group_size", "groups_per_step", "num_iterations", "micro_batch", "max_new_tokens")},
@@ -361,7 +373,12 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
             del model
         streams = [int(stage.split("_")[1]) for stage in stages if stage.startswith("router_")]
         if streams:
-            measured.update(router(arguments.model, Path(arguments.cache), dtype, arguments.threads, streams, arguments.router_tokens, arguments.repeats))
+            if arguments.router_prompts == "agent":
+                agent = airline_model.environment(arguments.capability)
+                conversation = lambda seed: agent.instance(seed).reset()  # noqa: E731
+            else:
+                conversation = short_conversation
+            measured.update(router(arguments.model, Path(arguments.cache), dtype, arguments.threads, streams, arguments.router_tokens, arguments.repeats, conversation))
         peak_rate = measured.get("peak", {}).get("gflops")
         for stage, values in measured.items():
             if stage != "peak" and peak_rate and "linear_gflops" in values:
@@ -418,8 +435,10 @@ def main() -> None:
     parser.add_argument("--peak-tokens", type=int, default=2048, help="rows of the peak's products")
     parser.add_argument("--eval-seeds", type=int, default=16)
     parser.add_argument("--router-tokens", type=int, default=128)
+    parser.add_argument("--router-prompts", choices=("short", "agent"), default="short", help="one-line requests, or the airline agent's opening (about 1,230 tokens)")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     parser.add_argument("--unpacked", action="store_true", help="products from the plain weights every call (oneDNN reordering bfloat16 ones, MKL for float32), as before trainer.packed_linear (the router too)")
+    parser.add_argument("--concatenated", action="store_true", help="the router's key/value cache grows by concatenation, a copy of it every decode step, as before trainer.growing_cache")
     parser.add_argument("--unmerged", action="store_true", help="LoRA layers decode by PEFT's own forward, as before trainer.merged_lora (the router too)")
     arguments = parser.parse_args()
     unknown = set(arguments.stages) - set(STAGES) or set(arguments.dtypes) - set(DTYPES)
@@ -430,6 +449,11 @@ def main() -> None:
 
         os.environ["TRACEFIX_PACKED_LINEAR"] = "0"  # the router process it starts reads it
         packed_linear.PACKED = False
+    if arguments.concatenated:
+        from tracefix.trainer import growing_cache
+
+        os.environ["TRACEFIX_GROWING_CACHE"] = "0"
+        growing_cache.GROWING = False
     if arguments.unmerged:
         from tracefix.trainer import merged_lora
 

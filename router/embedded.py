@@ -17,6 +17,10 @@ latest token in the last column, left padding masked, positions kept per row), s
 narrower cache on the left. ``continuous_batching = false`` keeps static batches, each running
 until its last sequence ends (the baseline ``bench/router_batching.py`` compares against).
 
+The batch's key/value cache grows in place (``trainer.growing_cache``): a decode step writes its
+column into buffers with room to spare instead of concatenating, which would copy the whole cache
+every step (after long agent prompts, more bytes than the model's weights).
+
 Requests routed by the token-level gate (``trainer.gate``) run only with each other: the gate
 replaces the LoRA layers' forward for the whole model, so it is installed for gate batches and
 removed before anything else runs. Admission is first come, first served: a request that cannot
@@ -56,7 +60,7 @@ from tracefix.router.backend import (
     first_token_id,
     held_back,
 )
-from tracefix.trainer import adapters, prefix_cache
+from tracefix.trainer import adapters, growing_cache, prefix_cache
 from tracefix.trainer import model as models
 
 log = logging.getLogger(__name__)
@@ -114,9 +118,10 @@ class _Batch:
         for layer in self.cache.layers:
             layer.keys, layer.values = layer.keys[chosen, :, start:], layer.values[chosen, :, start:]
 
-    def merge(self, other: _Batch, config: Any) -> None:
-        """Add ``other``'s rows, the narrower cache padded on the left (masked columns); ``config``
-        is the model's."""
+    def merge(self, other: _Batch, config: Any, limit: int) -> None:
+        """Add ``other``'s rows, the narrower cache padded on the left (masked columns), into a cache
+        that grows in place (``trainer.growing_cache``) for the model of ``config``; ``limit``: the
+        columns its buffers need at most, the context."""
         if not other.rows:
             return
         if not self.rows:
@@ -124,7 +129,6 @@ class _Batch:
             self.positions, self.next_ids = other.positions, other.next_ids
             return
         import torch
-        from transformers import DynamicCache
 
         width = max(self.mask.shape[1], other.mask.shape[1])
 
@@ -140,7 +144,7 @@ class _Batch:
             (torch.cat([padded(mine.keys, 2), padded(theirs.keys, 2)]), torch.cat([padded(mine.values, 2), padded(theirs.values, 2)]))
             for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True)
         ]
-        self.cache = DynamicCache(ddp_cache_data=layers, config=config)
+        self.cache = growing_cache.cache_of(config, layers, limit)
         self.mask = torch.cat([padded(self.mask, 1), padded(other.mask, 1)])
         self.positions = torch.cat([self.positions, other.positions])
         self.next_ids = torch.cat([self.next_ids, other.next_ids])
@@ -172,8 +176,9 @@ class EmbeddedBackend:
         self.base_hash = adapters.base_model_hash(self.model_dir)
         self.max_batch = max_batch
         # Joining and leaving a running batch moves its cache's columns, which a sliding-window
-        # layer (holding only its window) cannot follow: such a model keeps static batches.
-        self.continuous = continuous and _full_attention(self.model.config)
+        # layer (holding only its window) cannot follow: such a model keeps static batches. A model
+        # that keeps every token decodes into a cache that grows in place (trainer.growing_cache).
+        self.continuous = continuous and growing_cache.grows(self.model.config)
         if continuous and not self.continuous:
             log.warning("%s has sliding-window attention layers: the embedded backend runs static batches", model)
         positions = getattr(self.model.config, "max_position_embeddings", None) or max_context_tokens
@@ -412,6 +417,7 @@ class EmbeddedBackend:
             cache, cached_mask = prefix_cache.batch_cache(matches, self.model.config)
         else:
             cache, cached_mask = None, torch.zeros((len(rows), 0), dtype=torch.long)
+        cache = growing_cache.growing(cache, self.model.config, self.context_tokens)
         input_ids, tail_mask = prefix_cache.layout([], [row.generation.prompt[length:] for row, (_, length) in zip(rows, matches)], self.pad_id)
         mask = torch.cat([cached_mask, tail_mask], dim=1)
         positions = prefix_cache.positions(mask)[:, cached_mask.shape[1] :]
@@ -426,7 +432,7 @@ class EmbeddedBackend:
             metrics.PREFIX_CACHE_BYTES.set(self.prefixes.nbytes)
         joined = _Batch(rows, gate, output.cache, mask, positions[:, -1:] + 1)
         self._take(joined, output.logits[:, -1])
-        batch.merge(joined, self.model.config)
+        batch.merge(joined, self.model.config, self.context_tokens)
 
     def _step(self, batch: _Batch) -> None:
         """One decode step of every running row."""
@@ -487,15 +493,6 @@ class EmbeddedBackend:
                 mean = (row.share_sum / row.share_sum.sum()).tolist()
                 shares = {slot: round(value, 4) for slot, value in zip(row.slots, mean, strict=True)}
             _emit(row.generation, Finished(row.choice, reason, text, len(row.tokens), shares))
-
-
-def _full_attention(config: Any) -> bool:
-    """Whether every layer of the model's key/value cache keeps all of its tokens (no sliding window)."""
-    from transformers import DynamicCache
-
-    from tracefix.trainer.opening_attention import shareable
-
-    return shareable(DynamicCache(config=config))
 
 
 def _generator(seed: int | None, choice: int) -> Any:

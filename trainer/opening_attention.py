@@ -29,9 +29,10 @@ from typing import Any
 
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface, DynamicCache
-from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
+
+from tracefix.trainer.growing_cache import GrowingLayer, keeps_every_token
 
 NAME = "tracefix_opening"
 
@@ -49,32 +50,18 @@ class Split:
     causal: bool = False
 
 
-class _OpeningLayer(DynamicLayer):
-    """A cache layer that holds the opening once and grows only the rows' own tokens, in place:
-    their keys and values live at the start of buffers with room to spare (doubled when full), so
-    a decode step writes one column where concatenating would copy all of them."""
+class _OpeningLayer(GrowingLayer):
+    """A cache layer that holds the opening once and grows only the rows' own tokens, in place
+    (``trainer.growing_cache``): a decode step writes one column where concatenating would copy
+    all of them."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         super().__init__()
         self.opening_keys, self.opening_values = keys, values
-        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-            self.keys, self.values = key_states[..., :0, :], value_states[..., :0, :]
-        rows, held, added = key_states.shape[0], self.keys.shape[-2], key_states.shape[-2]
-        buffers = self._buffers
-        if buffers is None or buffers[0].shape[-2] < held + added or buffers[0].data_ptr() != self.keys.data_ptr() or buffers[0].shape[0] < rows:
-            # first use, full, or the rows were changed (cropped, selected): start a larger buffer
-            shape = (rows, key_states.shape[1], 2 * (held + added) + 64, key_states.shape[-1])
-            buffers = (key_states.new_empty(shape), value_states.new_empty(shape))
-            buffers[0][..., :held, :], buffers[1][..., :held, :] = self.keys, self.values
-            self._buffers = buffers
-        buffers[0][:rows, :, held : held + added] = key_states
-        buffers[1][:rows, :, held : held + added] = value_states
-        self.keys, self.values = buffers[0][:rows, :, : held + added], buffers[1][:rows, :, : held + added]
-        return Split(self.opening_keys, self.keys), Split(self.opening_values, self.values)
+        keys, values = self.append(key_states, value_states)
+        return Split(self.opening_keys, keys), Split(self.opening_values, values)
 
     def move_rows(self, order: list[int]) -> None:
         """Keep the rows ``order`` in that order, moved within the buffers: the row ``order[i]`` is
@@ -299,7 +286,7 @@ def opening_attention(model: Any) -> Iterator[None]:
 
 def shareable(opening: Any) -> bool:
     """Whether every layer of the opening's cache holds all of it (no sliding window)."""
-    return all(type(layer) is DynamicLayer for layer in opening.layers)
+    return keeps_every_token(opening)
 
 
 def rows_cache(model: Any, opening: Any, rows: int) -> tuple[Any, AbstractContextManager[None]]:
