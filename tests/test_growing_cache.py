@@ -21,7 +21,7 @@ def _chunks(rows: int, first: int, steps: int) -> list[torch.Tensor]:
     return [torch.randn(rows, 2, first, 8)] + [torch.randn(rows, 2, 1, 8) for _ in range(steps)]
 
 
-def test_a_layer_holds_what_concatenating_holds_in_a_few_doubled_buffers() -> None:
+def test_a_layer_holds_what_concatenating_holds_in_a_few_growing_buffers() -> None:
     torch.manual_seed(0)
     layer, plain = GrowingLayer(), DynamicLayer()
     starts = set()
@@ -31,7 +31,7 @@ def test_a_layer_holds_what_concatenating_holds_in_a_few_doubled_buffers() -> No
         starts.add(keys.data_ptr())
     assert torch.equal(keys, plain_keys) and torch.equal(values, plain_values)
     assert layer.get_seq_length() == 305
-    # 5 columns, then 300 steps: buffers of 74, 214 and 494 columns; one per step would be 301
+    # 5 columns, then 300 steps: buffers of 71, 172 and 323 columns; one per step would be 301
     assert len(starts) == 3
 
 
@@ -41,7 +41,7 @@ def test_a_decode_step_writes_into_the_buffer_and_copies_nothing_held() -> None:
     first = torch.randn(2, 2, 10, 8)
     keys, _ = layer.update(first, first)
     start, kept = keys.data_ptr(), keys.clone()
-    for _ in range(20):  # 10 columns start a buffer of 84
+    for _ in range(20):  # 10 columns start a buffer of 79
         step = torch.randn(2, 2, 1, 8)
         keys, _ = layer.update(step, step)
         assert keys.data_ptr() == start and torch.equal(keys[:, :, -1:], step)
@@ -51,7 +51,7 @@ def test_a_decode_step_writes_into_the_buffer_and_copies_nothing_held() -> None:
 def test_the_limit_caps_the_room_to_spare_but_never_what_is_held() -> None:
     layer = GrowingLayer(limit=100)
     layer.update(torch.zeros(1, 2, 60, 8), torch.zeros(1, 2, 60, 8))
-    assert layer._buffers[0].shape[2] == 100  # 2 × 60 + 64 capped
+    assert layer._buffers[0].shape[2] == 100  # 60 + 30 + 64 capped
     layer.update(torch.zeros(1, 2, 50, 8), torch.zeros(1, 2, 50, 8))
     assert layer._buffers[0].shape[2] == 110 and layer.get_seq_length() == 110  # more than the limit: exactly what it holds
 
@@ -114,7 +114,7 @@ def test_a_model_decodes_the_same_logits_from_a_growing_cache(tiny_model: Path, 
             cache = DynamicCache(config=model.config) if kind == "plain" else growing(None, model.config)
             output = model(input_ids=prompt, cache=cache, use_cache=True)
             steps = [output.logits[:, -1]]
-            for _ in range(100):  # past the first buffer of 2 × 12 + 64 columns
+            for _ in range(100):  # past the first buffer of 12 + 6 + 64 columns
                 output = model(input_ids=steps[-1].argmax(-1, keepdim=True), cache=output.cache, use_cache=True)
                 steps.append(output.logits[:, -1])
             assert isinstance(output.cache, GrowingCache) == (kind == "growing")

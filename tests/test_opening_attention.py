@@ -130,7 +130,7 @@ def test_the_rows_own_keys_grow_in_place_and_are_those_appended() -> None:
     whole = torch.cat(appended, dim=2)
     assert torch.equal(keys.own, whole) and torch.equal(values.own, whole * 2)
     assert layer.get_seq_length() == 10 + 155
-    assert 1 < len(starts) < 5  # a few buffers, each doubled, not one per step
+    assert 1 < len(starts) < 5  # a few buffers, each larger, not one per step
 
 
 def test_rows_that_leave_make_room_in_place_for_rows_that_stay() -> None:

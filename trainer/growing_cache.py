@@ -6,7 +6,7 @@ batch of 8 rows that is a copy of the batch's cache 60 times a step (SmolLM2-135
 and values); after prompts of 1,000 tokens, 370 MB a step in float32, more than its weights. A
 ``GrowingLayer`` keeps its keys and values at the start of buffers with room to spare, writes a
 step's column into them and hands out views of the filled part; a full buffer is replaced by one
-about twice the size (amortised, one copy of a column over its life), capped by ``limit`` columns
+half as large again (amortised, two copies of a column over its life at most), capped by ``limit`` columns
 where the caller knows the widest cache it will need (its context), never below what it holds.
 
 Anything that replaces a layer's ``keys``/``values`` from outside (selecting rows, cutting columns,
@@ -29,7 +29,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-SPARE = 64  # columns of room a new buffer has beyond twice what it holds
+SPARE = 64  # columns of room a new buffer has beyond 1.5 times what it holds
 # Off only to measure it (the caches concatenate as transformers' do); the environment variable
 # reaches the router process a bench starts (``bench/throughput.py --concatenated``).
 GROWING = os.environ.get("TRACEFIX_GROWING_CACHE", "1") != "0"
@@ -57,7 +57,8 @@ class GrowingLayer(DynamicLayer):
         if buffers is None or not _fits(buffers[0], self.keys, held + added, rows) or not _fits(buffers[1], self.values, held + added, rows):
             # first use, full, or the keys were replaced from outside: start a larger buffer
             needed = held + added
-            columns = max(needed, 2 * needed + SPARE if self.limit is None else min(2 * needed + SPARE, self.limit))
+            roomy = needed + needed // 2 + SPARE  # at most half again as much memory as a cache that concatenates
+            columns = roomy if self.limit is None else max(needed, min(roomy, self.limit))
             shape = (rows, key_states.shape[1], columns, key_states.shape[-1])
             buffers = (key_states.new_empty(shape), value_states.new_empty(shape))
             buffers[0][..., :held, :], buffers[1][..., :held, :] = self.keys, self.values
