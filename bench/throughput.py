@@ -6,6 +6,7 @@
     python bench/throughput.py --dtypes bfloat16 --stages evaluation,router_8 --unpacked   # without packed weights
     python bench/throughput.py --dtypes bfloat16 --stages evaluation --unmerged            # LoRA by PEFT's forward
     python bench/throughput.py --dtypes float32 --stages router_8 --router-prompts agent --concatenated
+    python bench/throughput.py --dtypes float32 --stages router_8 --router-prompts agent --unshared
 
 In one run, for each dtype (the model loaded as the loop loads it: ``trainer.recipes.load_policy``
 for the training stages, the LoRA weights float32 beside the base; a real ``tracefix router``
@@ -346,6 +347,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
             "bfloat16_flag": precision.cpu_bfloat16(flags), "amx": "amx_bf16" in flags, "auto_dtype": precision.resolve("auto", "cpu", flags),
             "load_average_before": [round(value, 2) for value in os.getloadavg()], "packed_linear": packed_linear.PACKED,
             "merged_lora": merged_lora.MERGED, "growing_cache": growing_cache.GROWING, "router_prompts": arguments.router_prompts,
+            "shared_opening": os.environ.get("TRACEFIX_SHARED_OPENING", "1") != "0",
         },
         "model": {"name": arguments.model, "linear_gflop_per_token": round(shape.token_flops / 1e9, 4), "head_gflop_per_position": round(shape.head_flops / 1e9, 4)},
         "training": {key: getattr(settings, key) for key in ("warm_start_batch", "group_size", "groups_per_step", "num_iterations", "micro_batch", "max_new_tokens")},
@@ -438,6 +440,7 @@ def main() -> None:
     parser.add_argument("--router-prompts", choices=("short", "agent"), default="short", help="one-line requests, or the airline agent's opening (about 1,230 tokens)")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
     parser.add_argument("--unpacked", action="store_true", help="products from the plain weights every call (oneDNN reordering bfloat16 ones, MKL for float32), as before trainer.packed_linear (the router too)")
+    parser.add_argument("--unshared", action="store_true", help="every row of the router's batch holds its whole prompt, as before the rows' common opening was held once")
     parser.add_argument("--concatenated", action="store_true", help="the router's key/value cache grows by concatenation, a copy of it every decode step, as before trainer.growing_cache")
     parser.add_argument("--unmerged", action="store_true", help="LoRA layers decode by PEFT's own forward, as before trainer.merged_lora (the router too)")
     arguments = parser.parse_args()
@@ -449,6 +452,11 @@ def main() -> None:
 
         os.environ["TRACEFIX_PACKED_LINEAR"] = "0"  # the router process it starts reads it
         packed_linear.PACKED = False
+    if arguments.unshared:
+        from tracefix.router import embedded
+
+        os.environ["TRACEFIX_SHARED_OPENING"] = "0"
+        embedded.SHARED_OPENING = False
     if arguments.concatenated:
         from tracefix.trainer import growing_cache
 

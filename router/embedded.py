@@ -19,7 +19,12 @@ until its last sequence ends (the baseline ``bench/router_batching.py`` compares
 
 The batch's key/value cache grows in place (``trainer.growing_cache``): a decode step writes its
 column into buffers with room to spare instead of concatenating, which would copy the whole cache
-every step (after long agent prompts, more bytes than the model's weights).
+every step (after long agent prompts, more bytes than the model's weights). Rows whose prompts
+begin alike (an agent's instructions and tools, for one adapter) hold that opening once: the cache
+is an ``OpeningCache`` and a decode step attends it through the split of
+``trainer.opening_attention`` (one pass over the opening for all rows, then each row's own
+tokens), as the trainer's rollouts do. A join re-splits the batch for what all its rows then share
+(``_Batch.split``), so the opening shrinks, grows or goes as rows come and leave.
 
 Requests routed by the token-level gate (``trainer.gate``) run only with each other: the gate
 replaces the LoRA layers' forward for the whole model, so it is installed for gate batches and
@@ -38,9 +43,11 @@ the request and event types both backends share; `router.vllm` is the other one.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 from collections import deque
+from contextlib import nullcontext
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +67,7 @@ from tracefix.router.backend import (
     first_token_id,
     held_back,
 )
-from tracefix.trainer import adapters, growing_cache, prefix_cache
+from tracefix.trainer import adapters, prefix_cache
 from tracefix.trainer import model as models
 
 log = logging.getLogger(__name__)
@@ -92,7 +99,13 @@ class _Row:
 class _Batch:
     """The running rows and their key/value cache, laid out right-aligned: every row's latest token
     in the cache's last column, the columns before its own masked. ``next_ids`` [rows, 1] are the
-    tokens fed at the next step, at ``positions`` [rows, 1]; ``mask`` [rows, width] covers the cache."""
+    tokens fed at the next step, at ``positions`` [rows, 1]; ``mask`` [rows, width] covers the cache.
+
+    ``opening``: how many leading prompt tokens every row shares (same tokens, same adapter) and the
+    cache holds once, for all rows, in an ``OpeningCache``: its first ``opening`` columns of ``mask``
+    (all attended), then each row's own columns. A row's keys carry their positions (rotary), so
+    only which columns a row attends matters, not their order: moving columns between the opening
+    and the rows' own changes no attention. 0: every row holds all its columns (a ``GrowingCache``)."""
 
     rows: list[_Row] = field(default_factory=list)
     gate: GateSpec | None = None
@@ -100,37 +113,45 @@ class _Batch:
     mask: Any = None
     positions: Any = None
     next_ids: Any = None
+    opening: int = 0
 
     def keep(self, indices: list[int]) -> None:
-        """Only the rows at ``indices`` stay; columns no remaining row attends are cut from the left."""
+        """Only the rows at ``indices`` stay; own columns no remaining row attends are cut from the left."""
         if len(indices) == len(self.rows):
             return
         self.rows = [self.rows[index] for index in indices]
         if not indices:
             self.cache = self.mask = self.positions = self.next_ids = None
+            self.opening = 0
             return
         import torch
 
         chosen = torch.tensor(indices)
         mask = self.mask[chosen]
-        start = int(mask.any(dim=0).long().argmax())  # the first column some row attends
-        self.mask, self.positions, self.next_ids = mask[:, start:], self.positions[chosen], self.next_ids[chosen]
+        own = mask[:, self.opening :]
+        start = int(own.any(dim=0).long().argmax())  # the first own column some row attends
+        self.mask = torch.cat([mask[:, : self.opening], own[:, start:]], dim=1)
+        self.positions, self.next_ids = self.positions[chosen], self.next_ids[chosen]
         for layer in self.cache.layers:
             layer.keys, layer.values = layer.keys[chosen, :, start:], layer.values[chosen, :, start:]
 
     def merge(self, other: _Batch, config: Any, limit: int) -> None:
-        """Add ``other``'s rows, the narrower cache padded on the left (masked columns), into a cache
+        """Add ``other``'s rows, the narrower own columns padded on the left (masked), into a cache
         that grows in place (``trainer.growing_cache``) for the model of ``config``; ``limit``: the
-        columns its buffers need at most, the context."""
+        columns its buffers need at most, the context. The merged rows share the opening all their
+        prompts begin with (``shared_opening``); each batch's cache is split again for it first."""
         if not other.rows:
             return
+        opening = shared_opening([*self.rows, *other.rows], config)
+        other.split(opening, config, limit)
         if not self.rows:
-            self.rows, self.gate, self.cache, self.mask = other.rows, other.gate, other.cache, other.mask
+            self.rows, self.gate, self.cache, self.mask, self.opening = other.rows, other.gate, other.cache, other.mask, other.opening
             self.positions, self.next_ids = other.positions, other.next_ids
             return
+        self.split(opening, config, limit)
         import torch
 
-        width = max(self.mask.shape[1], other.mask.shape[1])
+        width = max(self.mask.shape[1], other.mask.shape[1]) - opening  # of the rows' own columns
 
         def padded(tensor: Any, dim: int) -> Any:
             missing = width - tensor.shape[dim]
@@ -140,15 +161,106 @@ class _Batch:
             shape[dim] = missing
             return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
 
-        layers = [
+        own = [
             (torch.cat([padded(mine.keys, 2), padded(theirs.keys, 2)]), torch.cat([padded(mine.values, 2), padded(theirs.values, 2)]))
             for mine, theirs in zip(self.cache.layers, other.cache.layers, strict=True)
         ]
-        self.cache = growing_cache.cache_of(config, layers, limit)
-        self.mask = torch.cat([padded(self.mask, 1), padded(other.mask, 1)])
+        self.cache = _cache(_opening_of(self.cache), own, config, limit)
+        own_mask = torch.cat([padded(self.mask[:, opening:], 1), padded(other.mask[:, opening:], 1)])
+        self.mask = torch.cat([own_mask.new_ones((own_mask.shape[0], opening)), own_mask], dim=1)
         self.positions = torch.cat([self.positions, other.positions])
         self.next_ids = torch.cat([self.next_ids, other.next_ids])
         self.rows = self.rows + other.rows
+
+    def split(self, opening: int, config: Any, limit: int) -> None:
+        """Hold the first ``opening`` tokens of the rows' prompts once (they are the same in every
+        row) and the rest in each row's own columns. A shorter opening moves its last columns into
+        every row's own, on their left; a longer one takes each row's first own tokens out of its
+        own columns, those of the first row becoming the opening's."""
+        if opening == self.opening:
+            return
+        import torch
+
+        held = self.opening
+        shared = _opening_of(self.cache)
+        own = [(layer.keys, layer.values) for layer in self.cache.layers]
+        rows = len(self.rows)
+        if opening < held:
+            own = [
+                tuple(torch.cat([whole[:, :, opening:].expand(rows, -1, -1, -1), mine], dim=2) for whole, mine in zip(pair, theirs, strict=True))
+                for pair, theirs in zip(shared, own, strict=True)
+            ]
+            shared = [(keys[:, :, :opening], values[:, :, :opening]) for keys, values in shared] if opening else None
+            self.cache, self.opening = _cache(shared, own, config, limit), opening
+            return
+        # Each row's attended own columns hold its tokens in the order of their positions: a
+        # column is added on the right, padded or cut on the left, or moved in from the opening.
+        taking = opening - held
+        attended = [row.nonzero().squeeze(1) for row in self.mask[:, held:]]
+        width = max(len(columns) - taking for columns in attended)
+        mask = self.mask.new_zeros((rows, width))
+        for index, columns in enumerate(attended):
+            mask[index, width - len(columns) + taking :] = 1
+        taken, kept = [], []
+        for keys, values in own:
+            taken.append((keys[:1, :, attended[0][:taking]], values[:1, :, attended[0][:taking]]))
+            kept_keys, kept_values = keys.new_zeros((rows, keys.shape[1], width, keys.shape[3])), values.new_zeros((rows, values.shape[1], width, values.shape[3]))
+            for index, columns in enumerate(attended):
+                kept_keys[index, :, width - len(columns) + taking :] = keys[index, :, columns[taking:]]
+                kept_values[index, :, width - len(columns) + taking :] = values[index, :, columns[taking:]]
+            kept.append((kept_keys, kept_values))
+        if shared:
+            taken = [tuple(torch.cat([old, new], dim=2) for old, new in zip(pair, more, strict=True)) for pair, more in zip(shared, taken, strict=True)]
+        self.cache, self.opening = _cache(taken, kept, config, limit), opening
+        self.mask = torch.cat([self.mask.new_ones((rows, opening)), mask], dim=1)
+
+
+MIN_OPENING = 64  # tokens: a shorter common opening is held by every row (the split costs a second attention pass)
+# Off only to measure it (every row holds its whole prompt); the environment variable reaches the
+# router process a bench starts (``bench/throughput.py --unshared``).
+SHARED_OPENING = os.environ.get("TRACEFIX_SHARED_OPENING", "1") != "0"
+
+
+def shared_opening(rows: list[_Row], config: Any) -> int:
+    """How many leading prompt tokens ``rows`` hold once: their prompts' common prefix (each keeps
+    at least one token of its own) when there are two rows or more, all for one adapter, none
+    routed by the gate (which runs only plain batches), the model (of ``config``) keeps every token
+    (a sliding-window layer keeps only its window of an opening), and it is at least
+    ``MIN_OPENING`` long; else 0."""
+    from tracefix.trainer.growing_cache import grows
+
+    if not SHARED_OPENING or len(rows) < 2 or any(row.generation.gate is not None for row in rows) or len({row.generation.adapter for row in rows}) > 1:
+        return 0
+    if not grows(config):
+        return 0
+    opening = prefix_cache.common_prefix([row.generation.prompt for row in rows])
+    return opening if opening >= MIN_OPENING else 0
+
+
+def _opening_of(cache: Any) -> list[tuple[Any, Any]] | None:
+    """An ``OpeningCache``'s opening, ``(keys, values)`` ``[1, kv_heads, opening, dim]`` a layer; None for another cache."""
+    from tracefix.trainer.opening_attention import OpeningCache
+
+    if not isinstance(cache, OpeningCache):
+        return None
+    return [(layer.opening_keys, layer.opening_values) for layer in cache.layers]
+
+
+def _cache(opening: list[tuple[Any, Any]] | None, own: list[tuple[Any, Any]], config: Any, limit: int) -> Any:
+    """A batch's cache: ``opening`` held once (an ``OpeningCache``) and the rows' ``own`` keys and
+    values, each layer's growing in place; without an opening, a ``GrowingCache`` of ``own``."""
+    from tracefix.trainer import growing_cache
+    from tracefix.trainer.opening_attention import OpeningCache
+
+    if not opening:
+        return growing_cache.cache_of(config, own, limit)
+    from types import SimpleNamespace
+
+    cache = OpeningCache(SimpleNamespace(layers=[SimpleNamespace(keys=keys, values=values) for keys, values in opening]))
+    for layer, (keys, values) in zip(cache.layers, own, strict=True):
+        layer.limit = limit
+        layer.append(keys, values)
+    return cache
 
 
 class EmbeddedBackend:
@@ -168,6 +280,8 @@ class EmbeddedBackend:
         dtype: str = "float32",
     ) -> None:
         import torch
+
+        from tracefix.trainer import growing_cache
 
         if threads:
             torch.set_num_threads(threads)
@@ -382,12 +496,15 @@ class EmbeddedBackend:
             return {}
         return {"adapter_names": [peft_name(name) if name else PEFT_BASE for name in adapters_of_rows]}
 
-    def _forward(self, rows: list[_Row], gate: GateSpec | None, **inputs: Any) -> Any:
+    def _forward(self, rows: list[_Row], gate: GateSpec | None, shared: bool = False, **inputs: Any) -> Any:
         """One forward pass of ``rows`` under the model lock, each with its adapter (or the gate);
-        the next-token logits only."""
+        the next-token logits only. ``shared``: the cache is an ``OpeningCache``, attended through
+        the split (``trainer.opening_attention``)."""
         import torch
 
-        with self._lock, torch.no_grad():
+        from tracefix.trainer.opening_attention import opening_attention
+
+        with self._lock, torch.no_grad(), opening_attention(self.model) if shared else nullcontext():
             # Both per pass: an adapter load between passes removes the gate, and the first load
             # wraps the model in PEFT, which then needs per-row adapter names.
             self._use_gate(gate)
@@ -400,6 +517,8 @@ class EmbeddedBackend:
     def _join(self, batch: _Batch, joining: list[Generation]) -> None:
         """Prefill the joining requests' prompts, sample their first tokens and merge them into ``batch``."""
         import torch
+
+        from tracefix.trainer.growing_cache import growing
 
         rows = [
             _Row(generation, choice, _generator(generation.sampling.seed, choice))
@@ -417,7 +536,7 @@ class EmbeddedBackend:
             cache, cached_mask = prefix_cache.batch_cache(matches, self.model.config)
         else:
             cache, cached_mask = None, torch.zeros((len(rows), 0), dtype=torch.long)
-        cache = growing_cache.growing(cache, self.model.config, self.context_tokens)
+        cache = growing(cache, self.model.config, self.context_tokens)
         input_ids, tail_mask = prefix_cache.layout([], [row.generation.prompt[length:] for row, (_, length) in zip(rows, matches)], self.pad_id)
         mask = torch.cat([cached_mask, tail_mask], dim=1)
         positions = prefix_cache.positions(mask)[:, cached_mask.shape[1] :]
@@ -440,7 +559,7 @@ class EmbeddedBackend:
 
         mask = torch.cat([batch.mask, torch.ones((len(batch.rows), 1), dtype=torch.long)], dim=1)
         output = self._forward(
-            batch.rows, batch.gate, input_ids=batch.next_ids, attention_mask=mask, position_ids=batch.positions, cache=batch.cache
+            batch.rows, batch.gate, bool(batch.opening), input_ids=batch.next_ids, attention_mask=mask, position_ids=batch.positions, cache=batch.cache
         )
         batch.cache, batch.mask, batch.positions = output.cache, mask, batch.positions + 1
         self._take(batch, output.logits[:, -1])

@@ -17,6 +17,7 @@ import torch  # noqa: F401  (installed by make test: never skipped)
 from tracefix.router import metrics  # noqa: E402
 from tracefix.router.backend import Delta, Failed, Finished, Generation, Sampling  # noqa: E402
 from tracefix.router.embedded import EmbeddedBackend  # noqa: E402
+from tracefix.trainer import prefix_cache  # noqa: E402
 from tests.lora_support import make_adapter  # noqa: E402
 
 OPENING = "You are the support agent of a small airline. " * 12
@@ -200,6 +201,95 @@ def test_every_row_predicts_each_token_as_a_plain_forward_over_its_own_tokens(
         assert compared > len(plan)
     finally:
         backend.stop()
+
+
+def test_rows_share_their_common_opening_as_it_shrinks_and_grows_and_predict_as_a_plain_forward(
+    base_dir: Path, adapter: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows whose prompts begin alike hold that opening once (``_Batch.split``): it forms when a
+    second row joins, shrinks when a row shares less of it, grows when the rows left share more,
+    and goes when a row for another adapter joins. Every step's logits, against one uncached
+    forward pass over the row's prompt and its tokens so far."""
+    import torch
+
+    from tracefix.router import embedded as backend_module
+
+    seen: dict[int, list[Any]] = {}
+    real_sample, real_split = backend_module._sample, backend_module._Batch.split
+    splits: list[tuple[int, int]] = []  # (opening held, opening wanted) of each split that changed it
+
+    def recording(logits: Any, rows: list[Any]) -> list[int]:
+        for index, row in enumerate(rows):
+            seen.setdefault(id(row.generation), []).append(logits[index].clone())
+        return real_sample(logits, rows)
+
+    def split(batch: Any, opening: int, config: Any, limit: int) -> None:
+        if opening != batch.opening:
+            splits.append((batch.opening, opening))
+        real_split(batch, opening, config, limit)
+
+    monkeypatch.setattr(backend_module, "_sample", recording)
+    monkeypatch.setattr(backend_module._Batch, "split", split)
+    backend = _backend(base_dir, adapter, tmp_path / "models", max_batch=4)
+    try:
+        # (name, prompt, adapter, tokens, wait before the next: for its first token or its end)
+        plan = [
+            ("a", _chat(backend, "Where is my booking ABC123?"), None, 60, "token"),
+            ("b", _chat(backend, "Where is my booking ABC124?"), None, 50, "token"),  # a and b share their opening
+            ("c", _chat(backend, "Cancel XYZ789."), None, 5, "end"),  # shares less: it shrinks
+            ("d", _chat(backend, "Where is my booking ABC125?"), None, 30, "token"),  # c gone: it grows again
+            ("e", list(range(5, 40)), ADAPTER, 4, "end"),  # another adapter: no opening
+            ("f", _chat(backend, "Where is my booking ABC126?"), None, 8, "end"),  # it forms in a running batch
+        ]
+        requests = Requests(backend)
+        generations = {}
+        for name, prompt, adapter_name, tokens, then in plan:
+            emit = lambda event, name=name: requests.events.put((name, event))  # noqa: E731
+            generations[name] = Generation(prompt, adapter_name, Sampling(tokens, temperature=0.0), 1, emit)
+            backend.submit(generations[name])
+            requests.wait((lambda log, name=name: requests.deltas(name) >= 1) if then == "token" else requests.done(name))
+        requests.wait(requests.done(*(name for name, *_ in plan)))
+        long, short = prefix_cache.common_prefix([generations["a"].prompt, generations["b"].prompt]), prefix_cache.common_prefix(
+            [generations["a"].prompt, generations["c"].prompt]
+        )
+        assert short >= backend_module.MIN_OPENING and long > short
+        # Each join splits the joining batch, then the running one: formed, shrunk, grown again, gone,
+        # formed again in a running batch of three.
+        assert splits == [(0, long), (0, long), (0, short), (long, short), (0, long), (short, long), (long, 0), (0, long), (0, long)], (long, short, splits)
+        for name, prompt, adapter_name, *_ in plan:
+            steps = seen[id(generations[name])]
+            tokens = [int(step.argmax()) for step in steps]
+            assert len(steps) == requests.finished(name)[0].tokens
+            with torch.no_grad():
+                plain = backend.model(input_ids=torch.tensor([prompt + tokens[:-1]]), **backend._adapter_arguments([adapter_name])).logits[0, len(prompt) - 1 :]
+            torch.testing.assert_close(torch.stack(steps), plain.float(), atol=2e-4, rtol=1e-4)
+    finally:
+        backend.stop()
+
+
+def test_only_rows_of_one_adapter_without_the_gate_share_a_long_enough_opening(base_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers import AutoConfig
+
+    from tracefix.router import embedded as backend_module
+    from tracefix.router.backend import GateSpec
+
+    config = AutoConfig.from_pretrained(base_dir)
+    opening = list(range(100, 100 + backend_module.MIN_OPENING))
+
+    def row(prompt: list[int], adapter: str | None = None, gate: GateSpec | None = None) -> Any:
+        return backend_module._Row(Generation(prompt, adapter, Sampling(4), 1, print, gate), 0, None)
+
+    alike = [row(opening + [1, 2]), row(opening + [1, 3]), row(opening + [4])]
+    assert backend_module.shared_opening(alike, config) == len(opening)
+    assert backend_module.shared_opening(alike[:1], config) == 0  # one row: nothing to share
+    assert backend_module.shared_opening([*alike, row(opening + [5], ADAPTER)], config) == 0  # another adapter's keys differ
+    assert backend_module.shared_opening([row(opening + [1], gate=GateSpec(base_dir, (ADAPTER,)))] * 2, config) == 0
+    assert backend_module.shared_opening([row(opening[1:] + [1]), row(opening[1:] + [2])], config) == 0  # under MIN_OPENING
+    monkeypatch.setattr(backend_module, "SHARED_OPENING", False)
+    assert backend_module.shared_opening(alike, config) == 0
+    monkeypatch.setattr(backend_module, "SHARED_OPENING", True)
+    config.layer_types, config.sliding_window = ["sliding_attention"] * config.num_hidden_layers, 8
+    assert backend_module.shared_opening(alike, config) == 0  # a sliding window keeps only its part of an opening
 
 
 def test_a_request_waiting_for_room_is_not_overtaken_by_a_smaller_one(base_dir: Path, adapter: Path, tmp_path: Path) -> None:

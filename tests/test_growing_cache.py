@@ -12,7 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from tracefix.router.embedded import _Batch
+from tracefix.router.backend import Generation, Sampling
+from tracefix.router.embedded import _Batch, _Row
 from tracefix.trainer import growing_cache
 from tracefix.trainer.growing_cache import GrowingCache, GrowingLayer, growing, grows
 
@@ -130,7 +131,8 @@ def test_the_router_merges_a_joining_batch_into_a_growing_cache(tiny_model: Path
 
     def batch(rows: int, columns: int) -> _Batch:
         data = [(torch.randn(rows, 2, columns, 8), torch.randn(rows, 2, columns, 8)) for _ in range(config.num_hidden_layers)]
-        return _Batch([object()] * rows, None, GrowingCache(len(data), data), torch.ones(rows, columns, dtype=torch.long), torch.zeros(rows, 1), torch.zeros(rows, 1))
+        plain = [_Row(Generation([rows, columns, index], None, Sampling(8), 1, print), 0, None) for index in range(rows)]  # no opening in common
+        return _Batch(plain, None, GrowingCache(len(data), data), torch.ones(rows, columns, dtype=torch.long), torch.zeros(rows, 1), torch.zeros(rows, 1))
 
     running, joining = batch(2, 9), batch(1, 4)
     before, theirs = running.cache.layers[1].keys.clone(), joining.cache.layers[1].keys
