@@ -215,7 +215,10 @@ class _Batch:
         self.mask = torch.cat([self.mask.new_ones((rows, opening)), mask], dim=1)
 
 
-MIN_OPENING = 64  # tokens: a shorter common opening is held by every row (the split costs a second attention pass)
+# Tokens: a shorter common opening is held by every row. The split costs a second attention pass a
+# layer: 8 rows after a 70-token opening decoded 4 % slower with it, after 255 tokens 8 % faster
+# (one thread, SmolLM2-135M), after the airline agent's 1,232 tokens 1.2-1.5x (docs/performance.md).
+MIN_OPENING = 128
 # Off only to measure it (every row holds its whole prompt); the environment variable reaches the
 # router process a bench starts (``bench/throughput.py --unshared``).
 SHARED_OPENING = os.environ.get("TRACEFIX_SHARED_OPENING", "1") != "0"
