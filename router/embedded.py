@@ -217,7 +217,7 @@ class _Batch:
 
 # Tokens: a shorter common opening is held by every row. The split costs a second attention pass a
 # layer: 8 rows after a 70-token opening decoded 4 % slower with it, after 255 tokens 8 % faster
-# (one thread, SmolLM2-135M), after the airline agent's 1,232 tokens 1.2-1.5x (docs/performance.md).
+# (one thread, SmolLM2-135M), after the airline agent's 1,232 tokens 1.2-1.4x (docs/performance.md).
 MIN_OPENING = 128
 # Off only to measure it (every row holds its whole prompt); the environment variable reaches the
 # router process a bench starts (``bench/throughput.py --unshared``).
