@@ -6,8 +6,9 @@ batch of 8 rows that is a copy of the batch's cache 60 times a step (SmolLM2-135
 and values); after prompts of 1,000 tokens, 370 MB a step in float32, more than its weights. A
 ``GrowingLayer`` keeps its keys and values at the start of buffers with room to spare, writes a
 step's column into them and hands out views of the filled part; a full buffer is replaced by one
-half as large again (amortised, two copies of a column over its life at most), capped by ``limit`` columns
-where the caller knows the widest cache it will need (its context), never below what it holds.
+half as large again (amortised: on average at most two copies of a column), capped by ``limit``
+columns where the caller knows the widest cache it will need (its context), never below what it
+holds.
 
 Anything that replaces a layer's ``keys``/``values`` from outside (selecting rows, cutting columns,
 ``batch_select_indices``) leaves tensors that are not the buffer's view: the next update notices
