@@ -331,6 +331,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
     from examples.demo.settings import DEMO
     from tracefix.daemon.core.settings import TrainingSettings
     from tracefix.trainer import model as models
+    from tracefix.router import embedded
     from tracefix.trainer import growing_cache, merged_lora, packed_linear
     from tracefix.trainer.recipes import load_policy
 
@@ -347,7 +348,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
             "bfloat16_flag": precision.cpu_bfloat16(flags), "amx": "amx_bf16" in flags, "auto_dtype": precision.resolve("auto", "cpu", flags),
             "load_average_before": [round(value, 2) for value in os.getloadavg()], "packed_linear": packed_linear.PACKED,
             "merged_lora": merged_lora.MERGED, "growing_cache": growing_cache.GROWING, "router_prompts": arguments.router_prompts,
-            "shared_opening": os.environ.get("TRACEFIX_SHARED_OPENING", "1") != "0",
+            "shared_opening": embedded.SHARED_OPENING,
         },
         "model": {"name": arguments.model, "linear_gflop_per_token": round(shape.token_flops / 1e9, 4), "head_gflop_per_position": round(shape.head_flops / 1e9, 4)},
         "training": {key: getattr(settings, key) for key in ("warm_start_batch", "group_size", "groups_per_step", "num_iterations", "micro_batch", "max_new_tokens")},

@@ -257,13 +257,7 @@ def _cache(opening: list[tuple[Any, Any]] | None, own: list[tuple[Any, Any]], co
 
     if not opening:
         return growing_cache.cache_of(config, own, limit)
-    from types import SimpleNamespace
-
-    cache = OpeningCache(SimpleNamespace(layers=[SimpleNamespace(keys=keys, values=values) for keys, values in opening]))
-    for layer, (keys, values) in zip(cache.layers, own, strict=True):
-        layer.limit = limit
-        layer.append(keys, values)
-    return cache
+    return OpeningCache.holding(opening, own, limit)
 
 
 class EmbeddedBackend:

@@ -119,7 +119,8 @@ def cache_of(config: Any, data: Sequence[tuple[torch.Tensor, torch.Tensor]], lim
 def growing(cache: Any, config: Any, limit: int | None = None) -> Any:
     """``cache`` (a ``DynamicCache``, or None for an empty one) as a ``GrowingCache`` of the same
     keys and values where a model of ``config`` keeps every token; else ``cache`` as it is."""
-    if isinstance(cache, GrowingCache) or not (GROWING and grows(config)):
+    plain = DynamicCache(config=config)
+    if isinstance(cache, GrowingCache) or not (GROWING and keeps_every_token(plain)):
         return cache
     data = [] if cache is None else [(layer.keys, layer.values) if layer.get_seq_length() else None for layer in cache.layers]
-    return cache_of(config, data, limit)
+    return GrowingCache(len(plain.layers), data, limit)

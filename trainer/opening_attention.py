@@ -55,8 +55,8 @@ class _OpeningLayer(GrowingLayer):
     (``trainer.growing_cache``): a decode step writes one column where concatenating would copy
     all of them."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        super().__init__()
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, limit: int | None = None) -> None:
+        super().__init__(limit)
         self.opening_keys, self.opening_values = keys, values
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
@@ -104,6 +104,17 @@ class OpeningCache(DynamicCache):
     def __init__(self, opening: Any) -> None:
         super().__init__()
         self.layers = [_OpeningLayer(layer.keys, layer.values) for layer in opening.layers]
+
+    @classmethod
+    def holding(cls, opening: list[tuple[torch.Tensor, torch.Tensor]], own: list[tuple[torch.Tensor, torch.Tensor]], limit: int | None = None) -> OpeningCache:
+        """A cache holding ``opening`` (``(keys, values)`` ``[1, kv_heads, opening, dim]`` a layer)
+        once and the rows' ``own`` keys and values, copied into buffers that grow in place up to
+        ``limit`` columns (``trainer.growing_cache``)."""
+        cache = cls(DynamicCache())
+        cache.layers = [_OpeningLayer(keys, values, limit) for keys, values in opening]
+        for layer, (keys, values) in zip(cache.layers, own, strict=True):
+            layer.append(keys, values)
+        return cache
 
     def keep(self, rows: torch.Tensor, columns: torch.Tensor) -> None:
         """Keep the rows ``rows`` (indices, in the order given; one may be taken twice) and, of the
