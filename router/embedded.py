@@ -93,6 +93,8 @@ class _Row:
     finished: bool = False
     share_sum: Any = None  # gate-routed: the sum of the gate's expert weights over generated tokens
     slots: list[str] | None = None
+    text: str = ""  # the tokens' text so far, an unfinished UTF-8 character aside
+    decoder: Any = None  # tokenizers' DecodeStream, which text grows by
 
 
 @dataclass(slots=True)
@@ -297,6 +299,12 @@ class EmbeddedBackend:
         eos = self.model.generation_config.eos_token_id
         self.end_ids = {self.tokenizer.eos_token_id, *(eos if isinstance(eos, list) else [eos])} - {None}
         self.pad_id = self.tokenizer.pad_token_id
+        # A row's text grows token by token (tokenizers' DecodeStream, as vLLM and TGI detokenize):
+        # decoding all its tokens again at every step costs time quadratic in its length. A slow
+        # tokenizer, or one that cleans up spaces around punctuation afterwards, decodes them all.
+        self.incremental = getattr(self.tokenizer, "backend_tokenizer", None) is not None and not getattr(
+            self.tokenizer, "clean_up_tokenization_spaces", False
+        )  # fmt: skip
         self.loaded: dict[str, Path] = {}
         self.prefixes = prefix_cache.PrefixStore(prefix_cache_mib << 20) if prefix_cache_mib else None
         self._lock = threading.Lock()  # held by every forward pass and every change of the model
@@ -515,8 +523,6 @@ class EmbeddedBackend:
         """Prefill the joining requests' prompts, sample their first tokens and merge them into ``batch``."""
         import torch
 
-        from tracefix.trainer.growing_cache import growing
-
         rows = [
             _Row(generation, choice, _generator(generation.sampling.seed, choice))
             for generation in joining
@@ -529,15 +535,28 @@ class EmbeddedBackend:
         # replaces the model's forward, so its batches neither use nor fill the store.
         storing = self.prefixes is not None and gate is None
         matches = [self.prefixes.lookup(row.generation.adapter, row.generation.prompt) if storing else (None, 0) for row in rows]
-        if any(length for _, length in matches):
-            cache, cached_mask = prefix_cache.batch_cache(matches, self.model.config)
+        longest = max(length for _, length in matches)
+        # Joining rows that share a cached opening (an agent's instructions and tools) hold it once
+        # from the start, as a running batch does (``_Batch.split``), rather than a copy of it for
+        # every row that the merge would then take apart again; each row holds the rest of its
+        # cached prefix (a conversation's earlier turns) as its own columns.
+        opening = min(shared_opening(rows, self.model.config), longest)
+        opening = opening if opening >= MIN_OPENING else 0
+        if longest > opening:
+            own, cached_mask = prefix_cache.batch_layers(matches, start=opening)
         else:
-            cache, cached_mask = None, torch.zeros((len(rows), 0), dtype=torch.long)
-        cache = growing(cache, self.model.config, self.context_tokens)
-        input_ids, tail_mask = prefix_cache.layout([], [row.generation.prompt[length:] for row, (_, length) in zip(rows, matches)], self.pad_id)
+            own, cached_mask = [], torch.zeros((len(rows), 0), dtype=torch.long)
+        if opening:
+            entry = max(matches, key=lambda match: match[1])[0]
+            shared = [(keys[None, :, :opening].contiguous(), values[None, :, :opening].contiguous()) for keys, values in entry.layers]
+            own = own or [tuple(part.new_empty((len(rows), part.shape[1], 0, part.shape[3])) for part in pair) for pair in shared]
+            cached_mask = torch.cat([torch.ones((len(rows), opening), dtype=torch.long), cached_mask], dim=1)
+        cache = _cache(shared if opening else None, own, self.model.config, self.context_tokens)
+        tails = [row.generation.prompt[length:] for row, (_, length) in zip(rows, matches)]
+        input_ids, tail_mask = prefix_cache.layout([], tails, self.pad_id)
         mask = torch.cat([cached_mask, tail_mask], dim=1)
         positions = prefix_cache.positions(mask)[:, cached_mask.shape[1] :]
-        output = self._forward(rows, gate, input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache)
+        output = self._forward(rows, gate, bool(opening), input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache)
         if storing:  # each distinct prompt's keys and values, for its next turn
             cached_tokens = sum(length for _, length in matches)
             metrics.PREFILL_TOKENS.labels("cached").inc(cached_tokens)
@@ -546,7 +565,7 @@ class EmbeddedBackend:
                 if row.choice == 0:  # the n choices of a request share its prompt
                     self.prefixes.store(row.generation.adapter, row.generation.prompt, prefix_cache.row_layers(output.cache, index, mask[index].bool()))
             metrics.PREFIX_CACHE_BYTES.set(self.prefixes.nbytes)
-        joined = _Batch(rows, gate, output.cache, mask, positions[:, -1:] + 1)
+        joined = _Batch(rows, gate, output.cache, mask, positions[:, -1:] + 1, opening=opening)
         self._take(joined, output.logits[:, -1])
         batch.merge(joined, self.model.config, self.context_tokens)
 
@@ -588,15 +607,19 @@ class EmbeddedBackend:
         sampling = row.generation.sampling
         row.tokens.append(token)
         ended = token in self.end_ids
-        text = self.tokenizer.decode(row.tokens[:-1] if ended else row.tokens, skip_special_tokens=True)
+        if not ended:
+            self._extend_text(row, token)
+        text = row.text
         cut = min((index for index in (text.find(stop) for stop in sampling.stop) if index >= 0), default=-1)
         reason = None
-        if ended or cut >= 0:
-            reason = "stop"
-            text = text[:cut] if cut >= 0 else text
+        if cut >= 0:
+            reason, text = "stop", text[:cut]
             safe = len(text)
-        elif len(row.tokens) >= sampling.max_tokens:
-            reason, safe = "length", len(text)
+        elif ended or len(row.tokens) >= sampling.max_tokens:
+            # The whole text once more: what an unfinished character at the end decodes to.
+            reason = "stop" if ended else "length"
+            text = self.tokenizer.decode(row.tokens[:-1] if ended else row.tokens, skip_special_tokens=True)
+            safe = len(text)
         else:
             safe = len(text) - held_back(text, sampling.stop)
         if safe > row.sent:
@@ -609,6 +632,18 @@ class EmbeddedBackend:
                 mean = (row.share_sum / row.share_sum.sum()).tolist()
                 shares = {slot: round(value, 4) for slot, value in zip(row.slots, mean, strict=True)}
             _emit(row.generation, Finished(row.choice, reason, text, len(row.tokens), shares))
+
+    def _extend_text(self, row: _Row, token: int) -> None:
+        """``row.text`` with ``token`` added: by the row's DecodeStream, which holds back the bytes of
+        an unfinished character; without one, all the row's tokens decoded again."""
+        if not self.incremental:
+            row.text = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
+            return
+        if row.decoder is None:
+            from tokenizers.decoders import DecodeStream
+
+            row.decoder = DecodeStream(skip_special_tokens=True)
+        row.text += row.decoder.step(self.tokenizer.backend_tokenizer, token) or ""
 
 
 def _generator(seed: int | None, choice: int) -> Any:

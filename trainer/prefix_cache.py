@@ -111,7 +111,7 @@ class PrefixStore:
 
     A new prompt takes the cached one it shares the longest prefix with: the next turn of a
     conversation shares its whole previous prompt, a new conversation the agent's opening. Each row
-    of a batch takes its own (``batch_cache``), so conversations and variants mix in one batch.
+    of a batch takes its own (``batch_layers``), so conversations and variants mix in one batch.
     Thread-safe: the generation thread looks up and stores, adapter changes clear it.
     """
 
@@ -161,14 +161,15 @@ class PrefixStore:
         return self._bytes
 
 
-def batch_cache(matches: Sequence[tuple[Cached | None, int]], config: Any) -> tuple[Any, Any]:
-    """A batch's cache from each row's match (``PrefixStore.lookup``) and the attention mask of its
-    columns: row ``r``'s first ``length`` cached tokens, right-aligned to the longest, the columns
-    before them zero and masked. Positions from the mask stay those the keys were cached at."""
+def batch_layers(matches: Sequence[tuple[Cached | None, int]], start: int = 0) -> tuple[list[tuple[Any, Any]], Any]:
+    """A batch's cached keys and values from each row's match (``PrefixStore.lookup``), from column
+    ``start`` on (what the rows hold apart from an opening held once), ``(keys, values)``
+    ``[rows, kv_heads, columns, dim]`` a layer, and the attention mask of those columns: row ``r``'s
+    cached tokens ``start`` to its ``length``, right-aligned to the longest, the columns before them
+    zero and masked. Positions from the mask stay those the keys were cached at."""
     import torch
-    from transformers import DynamicCache
 
-    width = max(length for _, length in matches)
+    width = max(length for _, length in matches) - start
     sample = next(entry for entry, length in matches if entry is not None and length)
     mask = torch.zeros((len(matches), width), dtype=torch.long)
     layers = []
@@ -176,17 +177,28 @@ def batch_cache(matches: Sequence[tuple[Cached | None, int]], config: Any) -> tu
         batch_keys = keys.new_zeros((len(matches), keys.shape[0], width, keys.shape[2]))
         batch_values = values.new_zeros((len(matches), values.shape[0], width, values.shape[2]))
         for row, (entry, length) in enumerate(matches):
-            if entry is not None and length:
-                batch_keys[row, :, width - length :] = entry.layers[layer][0][:, :length]
-                batch_values[row, :, width - length :] = entry.layers[layer][1][:, :length]
+            if entry is not None and length > start:
+                batch_keys[row, :, width - length + start :] = entry.layers[layer][0][:, start:length]
+                batch_values[row, :, width - length + start :] = entry.layers[layer][1][:, start:length]
         layers.append((batch_keys, batch_values))
     for row, (entry, length) in enumerate(matches):
-        if entry is not None and length:
-            mask[row, width - length :] = 1
-    return DynamicCache(ddp_cache_data=layers, config=config), mask
+        if entry is not None and length > start:
+            mask[row, width - length + start :] = 1
+    return layers, mask
 
 
 def row_layers(cache: Any, row: int, columns: Any) -> list[tuple[Any, Any]]:
     """Row ``row``'s keys and values at ``columns`` (a boolean mask over the cache's positions),
-    copied out of a batch cache for ``PrefixStore.store``."""
-    return [(layer.keys[row][:, columns].clone(), layer.values[row][:, columns].clone()) for layer in cache.layers]
+    copied out of a batch cache for ``PrefixStore.store``; a cache holding an opening once for
+    every row (``trainer.opening_attention.OpeningCache``) gives it first, all of it attended."""
+    import torch
+
+    copied = []
+    for layer in cache.layers:
+        opening = getattr(layer, "opening_keys", None)
+        if opening is None:
+            copied.append((layer.keys[row][:, columns].clone(), layer.values[row][:, columns].clone()))
+            continue
+        own = columns[opening.shape[2] :]
+        copied.append(tuple(torch.cat([whole[0], mine[row][:, own]], dim=1) for whole, mine in ((opening, layer.keys), (layer.opening_values, layer.values))))
+    return copied
