@@ -548,7 +548,7 @@ class EmbeddedBackend:
             own, cached_mask = [], torch.zeros((len(rows), 0), dtype=torch.long)
         if opening:
             entry = max(matches, key=lambda match: match[1])[0]
-            shared = [(keys[None, :, :opening].contiguous(), values[None, :, :opening].contiguous()) for keys, values in entry.layers]
+            shared = [tuple(part[None].contiguous() for part in entry.columns(layer, 0, opening)) for layer in range(len(entry.layers))]
             own = own or [tuple(part.new_empty((len(rows), part.shape[1], 0, part.shape[3])) for part in pair) for pair in shared]
             cached_mask = torch.cat([torch.ones((len(rows), opening), dtype=torch.long), cached_mask], dim=1)
         cache = _cache(shared if opening else None, own, self.model.config, self.context_tokens)
@@ -561,9 +561,11 @@ class EmbeddedBackend:
             cached_tokens = sum(length for _, length in matches)
             metrics.PREFILL_TOKENS.labels("cached").inc(cached_tokens)
             metrics.PREFILL_TOKENS.labels("prefilled").inc(sum(len(row.generation.prompt) for row in rows) - cached_tokens)
-            for index, row in enumerate(rows):
+            for index, (row, (entry, length)) in enumerate(zip(rows, matches)):
                 if row.choice == 0:  # the n choices of a request share its prompt
-                    self.prefixes.store(row.generation.adapter, row.generation.prompt, prefix_cache.row_layers(output.cache, index, mask[index].bool()))
+                    # Only what follows its cached prefix, which the store holds already.
+                    layers = prefix_cache.row_layers(output.cache, index, mask[index].bool(), skip=length)
+                    self.prefixes.store(row.generation.adapter, row.generation.prompt, layers, (entry, length) if entry is not None else None)
             metrics.PREFIX_CACHE_BYTES.set(self.prefixes.nbytes)
         joined = _Batch(rows, gate, output.cache, mask, positions[:, -1:] + 1, opening=opening)
         self._take(joined, output.logits[:, -1])

@@ -18,7 +18,7 @@ from tracefix.router.embedded import EmbeddedBackend  # noqa: E402
 from tests.lora_support import make_adapter  # noqa: E402
 from tracefix.trainer import prefix_cache, rollouts  # noqa: E402
 from tracefix.trainer.environment import Instance, Message, StepResult, assistant_text  # noqa: E402
-from tracefix.trainer.prefix_cache import PrefixStore, common_prefix  # noqa: E402
+from tracefix.trainer.prefix_cache import PrefixStore, batch_layers, common_prefix  # noqa: E402
 
 OPENING = "You are the support agent of a small airline. " * 12  # well over MIN_PREFIX tokens
 
@@ -74,6 +74,53 @@ def test_a_prompt_replaces_the_one_it_extends_and_the_oldest_go_past_the_budget(
     assert store.lookup(None, list(range(10)) + [1])[1] == 10
     store.store(None, list(range(100)), _layers(100))  # bigger than the whole budget: not kept
     assert store.nbytes == 2 * one_entry
+
+
+def _ranged(first: int, last: int) -> list[tuple[Any, Any]]:
+    """Layers whose keys and values name their tokens: column ``c`` holds ``first + c`` (values negated)."""
+    import torch
+
+    tokens = torch.arange(first, last, dtype=torch.float32)[None, :, None].expand(2, -1, 4).contiguous()
+    return [(tokens + layer, -(tokens + layer)) for layer in range(3)]
+
+
+def test_a_prompt_that_continues_a_stored_one_holds_only_what_follows_and_keeps_it_stored() -> None:
+    import torch
+
+    one_token = sum(k.nbytes + v.nbytes for k, v in _ranged(0, 1))
+    store = PrefixStore(max_bytes=40 * one_token, min_prefix=4)
+    opening = list(range(100, 120))
+    store.store(None, opening + [1], _ranged(0, 21))
+    cases = {}
+    for case in (2, 3):  # two conversations after the same opening: each holds its own two tokens
+        base = store.lookup(None, opening + [case, case])
+        assert base[1] == 20
+        store.store(None, opening + [case, case], _ranged(20, 22), base)
+        cases[case] = store.lookup(None, opening + [case, case, 9])
+        assert cases[case][1] == 22 and cases[case][0].start == 20
+    assert store.nbytes == 25 * one_token  # the opening once, not once a conversation
+    entry = cases[3][0]
+    for layer in range(3):
+        keys, values = entry.columns(layer, 0, 22)
+        torch.testing.assert_close(keys, _ranged(0, 22)[layer][0])  # the opening's then its own
+        torch.testing.assert_close(values, _ranged(0, 22)[layer][1])
+        assert [piece[0].shape[1] for piece in entry.pieces(layer, 5, 22)] == [15, 2]
+    layers, mask = batch_layers([cases[2], (None, 0), cases[3]], start=18)
+    assert mask.tolist() == [[1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1]]
+    torch.testing.assert_close(layers[1][0][0], _ranged(18, 22)[1][0])  # the opening's last two, then its own
+    # A stored opening is never dropped while a conversation continues it; the conversations go
+    # least recent first, and the opening with the last of them.
+    store.lookup(None, opening + [2, 2, 9])  # the least recent: the opening (kept), then conversation 3
+    store.store(None, list(range(500, 516)), _ranged(0, 16))  # 41 tokens, over the budget of 40
+    assert store.lookup(None, opening + [3, 3, 9])[1] == 20 and store.nbytes == 39 * one_token  # conversation 3 went
+    assert store.lookup(None, opening + [2, 2, 9])[1] == 22
+    store.store(None, list(range(600, 630)), _ranged(0, 30))  # 69 tokens: the rest goes, the opening after conversation 2
+    assert store.lookup(None, opening + [2, 2, 9]) == (None, 0) and store.nbytes == 30 * one_token
+    # A base that left the store (its adapter unloaded) is not continued.
+    gone = store.lookup(None, list(range(600, 630)) + [7])
+    store.drop(None)
+    store.store(None, list(range(600, 631)), _ranged(30, 31), gone)
+    assert store.nbytes == 0 and store.lookup(None, list(range(600, 631)) + [7]) == (None, 0)
 
 
 # -- the trainer's rollouts -----------------------------------------------------------------------

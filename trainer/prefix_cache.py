@@ -96,13 +96,39 @@ def positions(mask: Any) -> Any:
     return (mask.cumsum(-1) - 1).clamp(min=0)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class Cached:
-    """One prompt's key/value cache: per layer, keys and values of shape [heads, tokens, dim]."""
+    """One prompt's key/value cache: per layer, keys and values of shape [heads, tokens, dim] of its
+    tokens from ``start`` on. The first ``start`` are those of ``base``, a stored prompt it begins
+    with, held there once for every prompt that continues it (a radix tree's edges, as SGLang's
+    cache and vLLM's shared blocks hold a prefix once); ``children``: the stored prompts that hold
+    this one as their base, which keep it stored."""
 
     ids: tuple[int, ...]
     layers: list[tuple[Any, Any]]
     nbytes: int
+    base: Cached | None = None
+    start: int = 0
+    children: int = 0
+
+    def pieces(self, layer: int, begin: int, end: int) -> list[tuple[Any, Any]]:
+        """Views of layer ``layer``'s keys and values of tokens ``begin`` to ``end``, in order, one
+        for each stored prompt they are held in."""
+        found = self.base.pieces(layer, begin, min(end, self.start)) if self.base is not None and begin < self.start else []
+        if end > self.start:
+            keys, values = self.layers[layer]
+            found.append((keys[:, max(begin, self.start) - self.start : end - self.start], values[:, max(begin, self.start) - self.start : end - self.start]))
+        return found
+
+    def columns(self, layer: int, begin: int, end: int) -> tuple[Any, Any]:
+        """Layer ``layer``'s keys and values of tokens ``begin`` to ``end``: a view where one stored
+        prompt holds them all, else its pieces joined."""
+        import torch
+
+        found = self.pieces(layer, begin, end)
+        if len(found) == 1:
+            return found[0]
+        return torch.cat([keys for keys, _ in found], dim=1), torch.cat([values for _, values in found], dim=1)
 
 
 class PrefixStore:
@@ -112,6 +138,9 @@ class PrefixStore:
     A new prompt takes the cached one it shares the longest prefix with: the next turn of a
     conversation shares its whole previous prompt, a new conversation the agent's opening. Each row
     of a batch takes its own (``batch_layers``), so conversations and variants mix in one batch.
+    A prompt stored after starting from a cached one keeps only what follows (``Cached.base``):
+    an agent's opening is held once, not once a conversation. Only prompts that no other continues
+    are dropped, so a base stays while its continuations do.
     Thread-safe: the generation thread looks up and stores, adapter changes clear it.
     """
 
@@ -135,26 +164,40 @@ class PrefixStore:
             self._entries.move_to_end((variant, best.ids))
             return best, length
 
-    def store(self, variant: Any, prompt: Sequence[int], layers: list[tuple[Any, Any]]) -> None:
-        entry = Cached(tuple(prompt), layers, sum(k.nbytes + v.nbytes for k, v in layers))
+    def store(self, variant: Any, prompt: Sequence[int], layers: list[tuple[Any, Any]], base: tuple[Cached, int] | None = None) -> None:
+        """Keep ``prompt``'s keys and values: ``layers`` holds all of them, or with ``base`` (a
+        ``lookup`` result, ``(entry, length)``) those of its tokens from ``length`` on, the rest
+        being the entry's. Not kept when the base has left the store meanwhile (its adapter was
+        unloaded), when it is larger than the whole budget, or when it is already there."""
+        entry = Cached(tuple(prompt), layers, sum(k.nbytes + v.nbytes for k, v in layers), *(base or (None, 0)))
         if entry.nbytes > self.max_bytes:
             return
         with self._lock:
-            if (old := self._entries.pop((variant, entry.ids), None)) is not None:
-                self._bytes -= old.nbytes
-            # A prompt this one extends is of no more use: every lookup that matched it matches this.
-            for key in [key for key, cached in self._entries.items() if key[0] == variant and entry.ids[: len(cached.ids)] == cached.ids]:
-                self._bytes -= self._entries.pop(key).nbytes
-            self._entries[(variant, entry.ids)] = entry
+            key = (variant, entry.ids)
+            if key in self._entries or (entry.base is not None and self._entries.get((variant, entry.base.ids)) is not entry.base):
+                return
+            if entry.base is not None:
+                entry.base.children += 1
+            # A prompt this one extends is of no more use (every lookup that matched it matches
+            # this), unless another holds it as its base.
+            for old in [old for old, cached in self._entries.items() if old[0] == variant and not cached.children and entry.ids[: len(cached.ids)] == cached.ids]:
+                self._remove(old)
+            self._entries[key] = entry
             self._bytes += entry.nbytes
-            while self._bytes > self.max_bytes:
-                self._bytes -= self._entries.popitem(last=False)[1].nbytes
+            while self._bytes > self.max_bytes:  # the least recently used prompt that none continues
+                self._remove(next(old for old, cached in self._entries.items() if not cached.children))
+
+    def _remove(self, key: tuple[Any, tuple[int, ...]]) -> None:
+        entry = self._entries.pop(key)
+        self._bytes -= entry.nbytes
+        if entry.base is not None:
+            entry.base.children -= 1
 
     def drop(self, variant: Any) -> None:
         """Forget ``variant``'s caches (its adapter was unloaded, or a new one took its name)."""
         with self._lock:
             for key in [key for key in self._entries if key[0] == variant]:
-                self._bytes -= self._entries.pop(key).nbytes
+                self._remove(key)
 
     @property
     def nbytes(self) -> int:
@@ -177,9 +220,11 @@ def batch_layers(matches: Sequence[tuple[Cached | None, int]], start: int = 0) -
         batch_keys = keys.new_zeros((len(matches), keys.shape[0], width, keys.shape[2]))
         batch_values = values.new_zeros((len(matches), values.shape[0], width, values.shape[2]))
         for row, (entry, length) in enumerate(matches):
-            if entry is not None and length > start:
-                batch_keys[row, :, width - length + start :] = entry.layers[layer][0][:, start:length]
-                batch_values[row, :, width - length + start :] = entry.layers[layer][1][:, start:length]
+            column = width - length + start
+            for piece_keys, piece_values in entry.pieces(layer, start, length) if entry is not None and length > start else ():
+                batch_keys[row, :, column : column + piece_keys.shape[1]] = piece_keys
+                batch_values[row, :, column : column + piece_keys.shape[1]] = piece_values
+                column += piece_keys.shape[1]
         layers.append((batch_keys, batch_values))
     for row, (entry, length) in enumerate(matches):
         if entry is not None and length > start:
@@ -187,18 +232,20 @@ def batch_layers(matches: Sequence[tuple[Cached | None, int]], start: int = 0) -
     return layers, mask
 
 
-def row_layers(cache: Any, row: int, columns: Any) -> list[tuple[Any, Any]]:
-    """Row ``row``'s keys and values at ``columns`` (a boolean mask over the cache's positions),
-    copied out of a batch cache for ``PrefixStore.store``; a cache holding an opening once for
-    every row (``trainer.opening_attention.OpeningCache``) gives it first, all of it attended."""
+def row_layers(cache: Any, row: int, columns: Any, skip: int = 0) -> list[tuple[Any, Any]]:
+    """Row ``row``'s keys and values at ``columns`` (a boolean mask over the cache's positions) but
+    the first ``skip`` of them (those a stored prompt holds), copied out of a batch cache for
+    ``PrefixStore.store``; a cache holding an opening once for every row
+    (``trainer.opening_attention.OpeningCache``) has it first, all of it attended."""
     import torch
 
     copied = []
     for layer in cache.layers:
         opening = getattr(layer, "opening_keys", None)
-        if opening is None:
-            copied.append((layer.keys[row][:, columns].clone(), layer.values[row][:, columns].clone()))
-            continue
-        own = columns[opening.shape[2] :]
-        copied.append(tuple(torch.cat([whole[0], mine[row][:, own]], dim=1) for whole, mine in ((opening, layer.keys), (layer.opening_values, layer.values))))
+        held = 0 if opening is None else opening.shape[2]
+        own = columns[held:].nonzero().squeeze(1)[max(0, skip - held) :]
+        keys, values = layer.keys[row][:, own], layer.values[row][:, own]
+        if skip < held:
+            keys, values = torch.cat([opening[0][:, skip:], keys], dim=1), torch.cat([layer.opening_values[0][:, skip:], values], dim=1)
+        copied.append((keys, values))
     return copied
