@@ -327,9 +327,9 @@ class Router:
     def routing(self, mode: str, adapter: str | None = None) -> httpx.Response:
         return self.admin("PUT", "/admin/routing", {"mode": mode, "adapter": adapter})
 
-    def chat(self, **body: Any) -> httpx.Response:
+    def chat(self, timeout: float = 30, **body: Any) -> httpx.Response:
         body = {"model": "base", "messages": HELLO, **body}
-        return httpx.post(f"{self.url}/v1/chat/completions", json=body, timeout=30)
+        return httpx.post(f"{self.url}/v1/chat/completions", json=body, timeout=timeout)
 
     def capabilities(self) -> dict[str, str]:
         return self.admin("GET", "/admin/routing").json()["capabilities"]

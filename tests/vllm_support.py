@@ -19,14 +19,19 @@ from tests.conftest import free_port, wait_for
 class RealVllm:
     """vLLM's OpenAI server on a loopback port, serving ``model_dir`` with runtime LoRA loading.
 
+    ``dtype``: by default what ``dtype = "auto"`` is on this machine's CPU (bfloat16 where it
+    multiplies it natively, else float32: emulated bfloat16 is several times slower).
     ``threads``: on a CPU, the cores vLLM's worker computes on (``VLLM_CPU_OMP_THREADS_BIND``
     0…threads-1); 0 leaves vLLM's own choice, which keeps one core for its API server."""
 
     def __init__(
-        self, python: str, model_dir: Path, log_path: Path, dtype: str = "bfloat16", max_model_len: int = 2048, threads: int = 0
+        self, python: str, model_dir: Path, log_path: Path, dtype: str = "auto", max_model_len: int = 2048, threads: int = 0
     ) -> None:
+        from tracefix.trainer import precision
+
         self.python, self.model_dir, self.log_path = python, model_dir, log_path
-        self.dtype, self.max_model_len, self.threads = dtype, max_model_len, threads
+        self.dtype = precision.resolve(dtype, "cpu", precision.cpu_flags())
+        self.max_model_len, self.threads = max_model_len, threads
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
