@@ -546,12 +546,13 @@ class EmbeddedBackend:
             own, cached_mask = prefix_cache.batch_layers(matches, start=opening)
         else:
             own, cached_mask = [], torch.zeros((len(rows), 0), dtype=torch.long)
+        shared = None
         if opening:
             entry = max(matches, key=lambda match: match[1])[0]
             shared = [tuple(part[None].contiguous() for part in entry.columns(layer, 0, opening)) for layer in range(len(entry.layers))]
             own = own or [tuple(part.new_empty((len(rows), part.shape[1], 0, part.shape[3])) for part in pair) for pair in shared]
             cached_mask = torch.cat([torch.ones((len(rows), opening), dtype=torch.long), cached_mask], dim=1)
-        cache = _cache(shared if opening else None, own, self.model.config, self.context_tokens)
+        cache = _cache(shared, own, self.model.config, self.context_tokens)
         tails = [row.generation.prompt[length:] for row, (_, length) in zip(rows, matches)]
         input_ids, tail_mask = prefix_cache.layout([], tails, self.pad_id)
         mask = torch.cat([cached_mask, tail_mask], dim=1)

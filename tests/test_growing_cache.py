@@ -15,7 +15,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from tracefix.router.backend import Generation, Sampling
 from tracefix.router.embedded import _Batch, _Row
 from tracefix.trainer import growing_cache
-from tracefix.trainer.growing_cache import GrowingCache, GrowingLayer, growing, grows
+from tracefix.trainer.growing_cache import GrowingCache, GrowingLayer, cache_of, grows
 
 
 def _chunks(rows: int, first: int, steps: int) -> list[torch.Tensor]:
@@ -83,25 +83,22 @@ def test_rows_selected_and_columns_cut_from_outside_are_followed() -> None:
     assert keys.data_ptr() == start  # cutting the end keeps the buffer
 
 
-def test_a_cache_is_taken_over_with_its_values_and_a_sliding_window_one_is_left_alone(tiny_model: Path) -> None:
+def test_a_cache_holds_its_data_and_a_sliding_window_model_keeps_transformers_own(tiny_model: Path) -> None:
     torch.manual_seed(3)
     config = AutoModelForCausalLM.from_pretrained(tiny_model).config
     assert grows(config)
-    plain = DynamicCache(config=config)
-    for index in range(config.num_hidden_layers):
-        plain.update(torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8), index)
-    taken = growing(plain, config, limit=64)
+    data = [(torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8)) for _ in range(config.num_hidden_layers)]
+    taken = cache_of(config, data, limit=64)
     assert isinstance(taken, GrowingCache) and len(taken.layers) == config.num_hidden_layers
-    for mine, theirs in zip(taken.layers, plain.layers, strict=True):
-        assert torch.equal(mine.keys, theirs.keys) and torch.equal(mine.values, theirs.values)
-    assert growing(taken, config) is taken
-    empty = growing(None, config)
+    for mine, (keys, values) in zip(taken.layers, data, strict=True):
+        assert torch.equal(mine.keys, keys) and torch.equal(mine.values, values)
+    empty = cache_of(config, [])
     assert isinstance(empty, GrowingCache) and empty.get_seq_length() == 0
     config.layer_types = ["sliding_attention"] * config.num_hidden_layers
     config.sliding_window = 4
     assert not grows(config)
-    sliding = DynamicCache(config=config)
-    assert isinstance(sliding.layers[0], DynamicSlidingWindowLayer) and growing(sliding, config) is sliding
+    sliding = cache_of(config, [])
+    assert type(sliding) is DynamicCache and isinstance(sliding.layers[0], DynamicSlidingWindowLayer)
 
 
 @pytest.mark.parametrize("rows", [1, 3])
@@ -112,7 +109,7 @@ def test_a_model_decodes_the_same_logits_from_a_growing_cache(tiny_model: Path, 
     logits = {}
     with torch.no_grad():
         for kind in ("plain", "growing"):
-            cache = DynamicCache(config=model.config) if kind == "plain" else growing(None, model.config)
+            cache = DynamicCache(config=model.config) if kind == "plain" else cache_of(model.config, [])
             output = model(input_ids=prompt, cache=cache, use_cache=True)
             steps = [output.logits[:, -1]]
             for _ in range(100):  # past the first buffer of 12 + 6 + 64 columns
@@ -149,4 +146,4 @@ def test_the_router_merges_a_joining_batch_into_a_growing_cache(tiny_model: Path
     running, joining = batch(2, 9), batch(1, 4)
     running.merge(joining, config, limit=64)
     assert type(running.cache) is DynamicCache and running.cache.layers[1].keys.shape == (3, 2, 9, 8)
-    assert growing(None, config) is None
+    assert type(cache_of(config, [])) is DynamicCache

@@ -85,14 +85,13 @@ def _fits(buffer: torch.Tensor, held: torch.Tensor, columns: int, rows: int) -> 
 
 class GrowingCache(DynamicCache):
     """A ``DynamicCache`` of ``GrowingLayer``s, one for each of the model's ``layers``, filled with
-    ``data`` (``(keys, values)`` a layer, copied into the buffers; None for one left empty) where given."""
+    ``data`` (``(keys, values)`` a layer, copied into the buffers) where given."""
 
-    def __init__(self, layers: int, data: Iterable[tuple[torch.Tensor, torch.Tensor] | None] = (), limit: int | None = None) -> None:
+    def __init__(self, layers: int, data: Iterable[tuple[torch.Tensor, torch.Tensor]] = (), limit: int | None = None) -> None:
         super().__init__()
         self.layers = [GrowingLayer(limit) for _ in range(layers)]
-        for layer, held in zip(self.layers, data):  # a layer without data (None, or past the end) starts empty
-            if held is not None:
-                layer.append(*held)
+        for layer, held in zip(self.layers, data):  # a layer past the end of the data starts empty
+            layer.append(*held)
 
 
 def keeps_every_token(cache: Any) -> bool:
@@ -113,14 +112,4 @@ def cache_of(config: Any, data: Sequence[tuple[torch.Tensor, torch.Tensor]], lim
     plain = DynamicCache(config=config)
     if not (GROWING and keeps_every_token(plain)):
         return DynamicCache(ddp_cache_data=data, config=config)
-    return GrowingCache(len(plain.layers), data, limit)
-
-
-def growing(cache: Any, config: Any, limit: int | None = None) -> Any:
-    """``cache`` (a ``DynamicCache``, or None for an empty one) as a ``GrowingCache`` of the same
-    keys and values where a model of ``config`` keeps every token; else ``cache`` as it is."""
-    plain = DynamicCache(config=config)
-    if isinstance(cache, GrowingCache) or not (GROWING and keeps_every_token(plain)):
-        return cache
-    data = [] if cache is None else [(layer.keys, layer.values) if layer.get_seq_length() else None for layer in cache.layers]
     return GrowingCache(len(plain.layers), data, limit)

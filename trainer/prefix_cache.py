@@ -116,8 +116,9 @@ class Cached:
         for each stored prompt they are held in."""
         found = self.base.pieces(layer, begin, min(end, self.start)) if self.base is not None and begin < self.start else []
         if end > self.start:
+            own = slice(max(begin, self.start) - self.start, end - self.start)
             keys, values = self.layers[layer]
-            found.append((keys[:, max(begin, self.start) - self.start : end - self.start], values[:, max(begin, self.start) - self.start : end - self.start]))
+            found.append((keys[:, own], values[:, own]))
         return found
 
     def columns(self, layer: int, begin: int, end: int) -> tuple[Any, Any]:
@@ -239,13 +240,13 @@ def row_layers(cache: Any, row: int, columns: Any, skip: int = 0) -> list[tuple[
     (``trainer.opening_attention.OpeningCache``) has it first, all of it attended."""
     import torch
 
+    opening = getattr(cache.layers[0], "opening_keys", None)
+    held = 0 if opening is None else opening.shape[2]  # every layer's opening is as long
+    own = columns[held:].nonzero().squeeze(1)[max(0, skip - held) :]
     copied = []
     for layer in cache.layers:
-        opening = getattr(layer, "opening_keys", None)
-        held = 0 if opening is None else opening.shape[2]
-        own = columns[held:].nonzero().squeeze(1)[max(0, skip - held) :]
         keys, values = layer.keys[row][:, own], layer.values[row][:, own]
         if skip < held:
-            keys, values = torch.cat([opening[0][:, skip:], keys], dim=1), torch.cat([layer.opening_values[0][:, skip:], values], dim=1)
+            keys, values = torch.cat([layer.opening_keys[0][:, skip:], keys], dim=1), torch.cat([layer.opening_values[0][:, skip:], values], dim=1)
         copied.append((keys, values))
     return copied
