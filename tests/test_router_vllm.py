@@ -40,7 +40,7 @@ import openai
 from transformers import AutoTokenizer  # noqa: E402
 
 from tracefix.router.routing import LABELS  # noqa: E402
-from tracefix.router.vllm import _error_text  # noqa: E402
+from tracefix.router.vllm import ADMIN_S, CONNECT_S, _error_text  # noqa: E402
 from tests.conftest import REPO, free_port, wait_for  # noqa: E402
 from tests.lora_support import TARGETS, make_adapter  # noqa: E402
 from tracefix.trainer import adapters  # noqa: E402
@@ -311,7 +311,10 @@ class Router:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
 
     def admin(self, method: str, path: str, body: Any = None) -> httpx.Response:
-        return httpx.request(method, f"{self.url}{path}", json=body, headers=ADMIN, timeout=30)
+        # As long as the router itself waits on vLLM for an admin call, and a little more: a real
+        # vLLM busy with 50 streams on two cores may take longer than 30 s to load an adapter,
+        # which the router allows and the test must see it answer.
+        return httpx.request(method, f"{self.url}{path}", json=body, headers=ADMIN, timeout=ADMIN_S + CONNECT_S)
 
     def adapter(self, capability: str, version: int, seed: int) -> Path:
         directory = self.adapters_dir / capability / f"v{version}"
