@@ -76,6 +76,7 @@ def run(arguments: argparse.Namespace) -> dict[str, Any]:
         save_steps=10_000,
         threads=arguments.threads,
         dtype=arguments.dtype,
+        seed=arguments.seed,
     )
     output = Path(arguments.output)
     started = time.monotonic()
@@ -148,6 +149,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--eval-seeds", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0, help="[training] seed: the adapter's initialisation, the demonstrations' order and sampling")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="the base model's dtype ([training] dtype)")
     parser.add_argument("--baseline", action="store_true", help="also spend the same rollouts on plain GRPO over all environments")
     arguments = parser.parse_args()
