@@ -266,6 +266,12 @@ def _words(text: str) -> set[str]:
 # -- fixtures -------------------------------------------------------------------------------------
 
 
+# As long as the router itself waits on vLLM for an adapter load or unload, and a little more: a
+# real vLLM busy with 50 streams on two cores may take longer than 30 s, which the router allows
+# and a test must see answered.
+ADMIN_WAIT_S = ADMIN_S + CONNECT_S
+
+
 class Router:
     """A `tracefix router` process with backend 'vllm' in front of the stand-in."""
 
@@ -311,10 +317,7 @@ class Router:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
 
     def admin(self, method: str, path: str, body: Any = None) -> httpx.Response:
-        # As long as the router itself waits on vLLM for an admin call, and a little more: a real
-        # vLLM busy with 50 streams on two cores may take longer than 30 s to load an adapter,
-        # which the router allows and the test must see it answer.
-        return httpx.request(method, f"{self.url}{path}", json=body, headers=ADMIN, timeout=ADMIN_S + CONNECT_S)
+        return httpx.request(method, f"{self.url}{path}", json=body, headers=ADMIN, timeout=ADMIN_WAIT_S)
 
     def adapter(self, capability: str, version: int, seed: int) -> Path:
         directory = self.adapters_dir / capability / f"v{version}"

@@ -29,9 +29,8 @@ import httpx
 import pytest
 
 from tests.conftest import REPO, wait_for
-from tests.test_router_vllm import HELLO, ORDER_TOOL, Router, serving
+from tests.test_router_vllm import ADMIN_WAIT_S, HELLO, ORDER_TOOL, Router, serving
 from tests.vllm_support import RealVllm
-from tracefix.router.vllm import ADMIN_S, CONNECT_S
 
 pytestmark = pytest.mark.vllm
 import openai
@@ -127,11 +126,11 @@ def test_a_hot_swap_under_fifty_streams_fails_none_and_unloads_the_retired_versi
         assert router.chat(max_tokens=2, timeout=300).json()["model"] == "swapped@v2"
         results = [future.result(timeout=600) for future in streams]
     assert all(models == {"swapped@v1"} and finish in ("length", "stop") for models, finish in results)  # 0 failed
-    wait_for(lambda: "swapped@v1" not in engine.served(), ADMIN_S + CONNECT_S, 0.2)
+    wait_for(lambda: "swapped@v1" not in engine.served(), ADMIN_WAIT_S, 0.2)
     assert "swapped@v2" in engine.served()
     assert router.routing("off").status_code == 200
     assert router.admin("DELETE", "/admin/adapters/swapped@v2").status_code == 200
-    wait_for(lambda: "swapped@v2" not in engine.served(), ADMIN_S + CONNECT_S, 0.2)
+    wait_for(lambda: "swapped@v2" not in engine.served(), ADMIN_WAIT_S, 0.2)
 
 
 def test_vllm_killed_mid_stream_ends_the_streams_with_503_and_the_router_loads_the_live_version_again(
